@@ -1,0 +1,300 @@
+"""Readers for the raw datasets in their standard on-disk formats.
+
+Content is validated (members, keys, shapes, label ranges), never file MD5s: a repacked
+archive of the same images must load. Images come out as uint8 [N, H, W, 3].
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import tarfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pbr.errors import DataError
+
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
+TINYIMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+
+
+@dataclass
+class RawDataset:
+    name: str
+    train_images: np.ndarray  # uint8 [N, H, W, 3]
+    train_labels: np.ndarray  # int64 [N]
+    test_images: np.ndarray
+    test_labels: np.ndarray
+    class_names: list[str]
+    source: str  # the file or folder it was read from
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.train_images.shape[1:])
+
+    def content_hash(self) -> str:
+        """sha256 of pixels and labels: identifies the data whatever archive carried it."""
+        h = hashlib.sha256()
+        for a in (self.train_images, self.train_labels, self.test_images, self.test_labels):
+            h.update(np.ascontiguousarray(a).data)
+        h.update("\n".join(self.class_names).encode())
+        return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class _CifarLayout:
+    title: str
+    archive: str
+    folder: str
+    train_members: tuple[str, ...]
+    test_member: str
+    meta_member: str
+    label_key: bytes
+    names_key: bytes
+    n_classes: int
+    url: str
+
+
+CIFAR10 = _CifarLayout(
+    "CIFAR-10", "cifar-10-python.tar.gz", "cifar-10-batches-py",
+    tuple(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta",
+    b"labels", b"label_names", 10, CIFAR10_URL,
+)
+CIFAR100 = _CifarLayout(
+    "CIFAR-100", "cifar-100-python.tar.gz", "cifar-100-python",
+    ("train",), "test", "meta", b"fine_labels", b"fine_label_names", 100, CIFAR100_URL,
+)
+
+
+def _unpickle(blob: bytes, where: str) -> dict:
+    try:
+        obj = pickle.loads(blob, encoding="bytes")
+    except Exception as e:  # a truncated or foreign pickle raises many kinds of errors
+        raise DataError(f"{where}: not a readable CIFAR pickle ({type(e).__name__}); replace the file") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a dict in the CIFAR pickle, found {type(obj).__name__}")
+    return obj
+
+
+def _cifar_members(layout: _CifarLayout, path: Path) -> dict[str, bytes]:
+    """The raw bytes of every needed member, from the archive or the extracted folder."""
+    wanted = set(layout.train_members) | {layout.test_member, layout.meta_member}
+    found: dict[str, bytes] = {}
+    if path.is_dir():
+        for name in wanted:
+            f = path / name
+            if f.is_file():
+                found[name] = f.read_bytes()
+    else:
+        try:
+            # Stream once through the archive: members may come in any order, under any prefix.
+            with tarfile.open(path, "r:*") as tar:
+                for m in tar:
+                    base = m.name.rsplit("/", 1)[-1]
+                    if m.isfile() and base in wanted and base not in found:
+                        found[base] = tar.extractfile(m).read()
+        except (tarfile.TarError, EOFError, OSError) as e:
+            raise DataError(
+                f"{path}: not a readable {layout.title} archive ({type(e).__name__}: {e}); "
+                f"the file is truncated or corrupt, replace it"
+            ) from None
+    missing = sorted(wanted - set(found))
+    if missing:
+        raise DataError(f"{path}: {layout.title} member(s) missing: {', '.join(missing)}; replace the data")
+    return found
+
+
+def _cifar_batch(d: dict, layout: _CifarLayout, where: str) -> tuple[np.ndarray, np.ndarray]:
+    for key in (b"data", layout.label_key):
+        if key not in d:
+            raise DataError(f"{where}: key {key!r} missing from the {layout.title} batch")
+    data = np.asarray(d[b"data"])
+    labels = np.asarray(d[layout.label_key], dtype=np.int64)
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
+        raise DataError(f"{where}: 'data' must be uint8 rows of 3072 values, found {data.dtype} {data.shape}")
+    if labels.shape != (data.shape[0],):
+        raise DataError(f"{where}: {data.shape[0]} images but {labels.shape[0]} labels")
+    if labels.size and (labels.min() < 0 or labels.max() >= layout.n_classes):
+        raise DataError(f"{where}: labels outside 0..{layout.n_classes - 1}")
+    # CIFAR rows are channel planes (R, G, B); the project stores HWC.
+    return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).copy(), labels
+
+
+def read_cifar(layout: _CifarLayout, path: Path, name: str) -> RawDataset:
+    members = _cifar_members(layout, path)
+    where = lambda m: f"{path}:{m}"  # noqa: E731
+    parts = [_cifar_batch(_unpickle(members[m], where(m)), layout, where(m)) for m in layout.train_members]
+    test_x, test_y = _cifar_batch(_unpickle(members[layout.test_member], where(layout.test_member)), layout,
+                                  where(layout.test_member))
+    meta = _unpickle(members[layout.meta_member], where(layout.meta_member))
+    names = meta.get(layout.names_key)
+    if names is None or len(names) != layout.n_classes:
+        raise DataError(f"{where(layout.meta_member)}: {layout.names_key!r} must list {layout.n_classes} class names")
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    ds = RawDataset(
+        name, np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+        test_x, test_y, names, str(path),
+    )
+    _check_every_class(ds)
+    return ds
+
+
+def _check_every_class(ds: RawDataset) -> None:
+    for split, labels in (("training", ds.train_labels), ("test", ds.test_labels)):
+        counts = np.bincount(labels, minlength=ds.n_classes)
+        empty = np.flatnonzero(counts == 0)
+        if empty.size:
+            raise DataError(f"{ds.source}: the {split} split has no image of class(es) {empty[:5].tolist()}; "
+                            f"the data is incomplete, replace it")
+
+
+# ---- TinyImageNet: tiny-imagenet-200/{wnids.txt, words.txt, train/<wnid>/images, val/}
+
+def _decode_jpegs(blobs: list[bytes], where: str) -> np.ndarray:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from PIL import Image
+
+    def one(item: tuple[int, bytes]) -> np.ndarray:
+        i, b = item
+        try:
+            with Image.open(io.BytesIO(b)) as im:
+                return np.asarray(im.convert("RGB"))  # a few TinyImageNet images are greyscale
+        except Exception as e:
+            raise DataError(f"{where}: image {i} cannot be decoded ({type(e).__name__}); replace the data") from None
+
+    with ThreadPoolExecutor(4) as pool:  # PIL releases the GIL while decoding
+        images = list(pool.map(one, enumerate(blobs)))
+    shapes = {im.shape for im in images}
+    if shapes != {(64, 64, 3)}:
+        raise DataError(f"{where}: TinyImageNet images must be 64x64 RGB, found shapes {sorted(shapes)[:3]}")
+    return np.stack(images)
+
+
+class _TinyFiles:
+    """Uniform access to the tiny-imagenet-200 tree in a folder or a zip."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        if path.is_dir():
+            self._zip = None
+            self.names = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()}
+            self.prefix = ""
+        else:
+            try:
+                self._zip = zipfile.ZipFile(path)
+                self.names = set(self._zip.namelist())
+            except (zipfile.BadZipFile, OSError, EOFError) as e:
+                raise DataError(f"{path}: not a readable zip ({type(e).__name__}); "
+                                f"the file is truncated or corrupt, replace it") from None
+            self.prefix = "tiny-imagenet-200/" if "tiny-imagenet-200/wnids.txt" in self.names else ""
+
+    def has(self, rel: str) -> bool:
+        return self.prefix + rel in self.names
+
+    def read(self, rel: str) -> bytes:
+        if not self.has(rel):
+            raise DataError(f"{self.path}: {rel} missing; this is not a complete tiny-imagenet-200 copy")
+        try:
+            if self._zip is None:
+                return (self.path / rel).read_bytes()
+            return self._zip.read(self.prefix + rel)
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
+            raise DataError(f"{self.path}: {rel} cannot be read ({type(e).__name__}); replace the data") from None
+
+    def listdir(self, rel: str) -> list[str]:
+        head = self.prefix + rel.rstrip("/") + "/"
+        return sorted(n[len(head):] for n in self.names if n.startswith(head) and "/" not in n[len(head):]
+                      and n[len(head):])
+
+
+def read_tinyimagenet(path: Path) -> RawDataset:
+    files = _TinyFiles(path)
+    wnids = sorted(files.read("wnids.txt").decode().split())  # sorted: the ImageFolder convention
+    if len(wnids) != 200 or len(set(wnids)) != 200:
+        raise DataError(f"{path}: wnids.txt must list 200 distinct class ids, found {len(set(wnids))}")
+    words = {}
+    if files.has("words.txt"):
+        for line in files.read("words.txt").decode(errors="replace").splitlines():
+            if "\t" in line:
+                k, v = line.split("\t", 1)
+                words[k] = v.split(",")[0].strip()
+    index = {w: i for i, w in enumerate(wnids)}
+
+    blobs, labels = [], []
+    for w in wnids:
+        imgs = [f for f in files.listdir(f"train/{w}/images") if f.lower().endswith((".jpeg", ".jpg", ".png"))]
+        blobs += [files.read(f"train/{w}/images/{f}") for f in imgs]
+        labels += [index[w]] * len(imgs)
+    train_x = _decode_jpegs(blobs, f"{path}:train") if blobs else np.zeros((0, 64, 64, 3), np.uint8)
+
+    # The official test split has no labels: val is the test set.
+    t_blobs, t_labels = [], []
+    for line in files.read("val/val_annotations.txt").decode().splitlines():
+        parts = line.split("\t")
+        if len(parts) < 2:
+            continue
+        if parts[1] not in index:
+            raise DataError(f"{path}: val/val_annotations.txt names unknown class {parts[1]!r}")
+        t_blobs.append(files.read(f"val/images/{parts[0]}"))
+        t_labels.append(index[parts[1]])
+    test_x = _decode_jpegs(t_blobs, f"{path}:val") if t_blobs else np.zeros((0, 64, 64, 3), np.uint8)
+    ds = RawDataset("tinyimagenet", train_x, np.asarray(labels, np.int64), test_x, np.asarray(t_labels, np.int64),
+                    [words.get(w, w) for w in wnids], str(path))
+    _check_every_class(ds)
+    return ds
+
+
+# ---- locating and downloading
+
+def _candidates(dataset: str, root: Path) -> list[Path]:
+    if dataset == "cifar10":
+        return [root / CIFAR10.folder, root / CIFAR10.archive]
+    if dataset == "cifar100":
+        return [root / CIFAR100.folder, root / CIFAR100.archive]
+    return [root / "tiny-imagenet-200", root / "tiny-imagenet-200.zip"]
+
+
+def _download(dataset: str, root: Path) -> None:
+    url = {"cifar10": CIFAR10_URL, "cifar100": CIFAR100_URL, "tinyimagenet": TINYIMAGENET_URL}[dataset]
+    try:
+        from torchvision.datasets.utils import download_url
+
+        root.mkdir(parents=True, exist_ok=True)
+        # We only fetch the archive; reading (and validation by content) is ours.
+        download_url(url, str(root))
+    except Exception as e:
+        raise DataError(
+            f"downloading {dataset} into {root} failed ({type(e).__name__}: {str(e)[:120]}); "
+            f"fetch {url} by hand into {root}, or set data.root to a folder that holds it"
+        ) from None
+
+
+def load_raw(dataset: str, root: str | Path, download: bool = False) -> RawDataset:
+    """Read `dataset` from `root` (archive or extracted folder), downloading it when allowed."""
+    root = Path(root)
+    cands = _candidates(dataset, root)
+    path = next((p for p in cands if p.exists()), None)
+    if path is None and download:
+        _download(dataset, root)
+        path = next((p for p in cands if p.exists()), None)
+    if path is None:
+        looked = " or ".join(str(p) for p in cands)
+        raise DataError(
+            f"no {dataset} data in {root}: looked for {looked}; put the standard archive there "
+            f"(or point data.root at the folder holding it), or set data.download: true"
+        )
+    if dataset == "cifar10":
+        return read_cifar(CIFAR10, path, "cifar10")
+    if dataset == "cifar100":
+        return read_cifar(CIFAR100, path, "cifar100")
+    return read_tinyimagenet(path)

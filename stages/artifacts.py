@@ -1,0 +1,63 @@
+"""Atomic writes: a reader sees the old artifact or the complete new one, never a part."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+from pbr.errors import UserError
+
+
+def _writable_parent(path: Path) -> None:
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create folder {parent} ({e.strerror}); choose a writable location") from None
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"folder {parent} is not writable; fix its permissions")
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    _writable_parent(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_text(path: Path, text: str) -> None:
+    write_bytes(path, text.encode())
+
+
+def clean_stale(path: Path) -> None:
+    """Remove what an interrupted atomic_dir left beside `path`."""
+    path = Path(path)
+    if path.parent.is_dir():
+        for p in path.parent.glob(f".{path.name}.*-*"):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: Path):
+    """Yield an empty temporary folder; on success it replaces `path` in one rename."""
+    path = Path(path)
+    _writable_parent(path)
+    clean_stale(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,187 @@
+"""params.yaml -> one typed, validated Config. Every stage reads its settings through here.
+
+Each key is a dataclass field whose metadata says what is allowed; unknown keys, wrong
+types and bad values are rejected as one line naming the key and what it may be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from pbr.errors import UserError
+
+N_CLASSES = {"cifar10": 10, "cifar100": 100, "tinyimagenet": 200}
+
+
+class ConfigError(UserError):
+    pass
+
+
+def _key(check: Callable[[Any], bool] | None = None, allowed: str = "", **kw) -> Any:
+    return field(metadata={"check": check, "allowed": allowed}, **kw)
+
+
+def _positive(v) -> bool:
+    return v > 0
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: Literal["cifar10", "cifar100", "tinyimagenet"] = "cifar10"
+    root: str = _key(default="data/raw", allowed="a folder path holding (or receiving) the raw archives")
+    download: bool = True
+    setting: Literal["ordered", "shuffled"] = "ordered"
+    imbalance_ratio: float = _key(
+        lambda v: 0 < v <= 1, "a number with 0 < IR <= 1 (1 = balanced)", default=0.01
+    )
+    n_tasks: int = _key(_positive, "a positive integer dividing the number of classes", default=5)
+    # Drives the shuffled class order (numpy RandomState permutation, 1993 as in LT-CIL)
+    # and the seeded choice of which images of a class are kept.
+    seed: int = 1993
+    shard_mb: float = _key(_positive, "a positive number of megabytes per parquet shard", default=64.0)
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    name: Literal["sgd", "joint", "er", "der", "derpp", "pbr"] = "pbr"
+    buffer_size: int = _key(lambda v: v >= 0, "an integer >= 0", default=200)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = _key(_positive, "a positive integer", default=50)
+    batch_size: int = _key(_positive, "a positive integer", default=32)
+    lr: float = _key(_positive, "a positive number", default=0.03)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    width: int = _key(_positive, "a positive integer (64 in the paper)", default=64)
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+
+    @property
+    def n_classes(self) -> int:
+        return N_CLASSES[self.data.dataset]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted keys, as `dvc exp run -S` and MLflow params spell them."""
+        out: dict[str, Any] = {}
+
+        def walk(prefix: str, d: dict) -> None:
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    walk(f"{prefix}{k}.", v)
+                else:
+                    out[prefix + k] = v
+
+        walk("", self.to_dict())
+        return out
+
+
+def _describe(tp, meta: dict) -> str:
+    if meta.get("allowed"):
+        return meta["allowed"]
+    if typing.get_origin(tp) is Literal:
+        return "one of " + " | ".join(map(str, typing.get_args(tp)))
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def _coerce(name: str, tp, meta: dict, value: Any, source: str) -> Any:
+    given = value  # report it as the user wrote it
+
+    def bad() -> ConfigError:
+        return ConfigError(f"{source}: {name} = {given!r} is not allowed; it must be {_describe(tp, meta)}")
+
+    if typing.get_origin(tp) is Literal:
+        if value not in typing.get_args(tp):
+            raise bad()
+    elif tp is bool:
+        if not isinstance(value, bool):
+            raise bad()
+    elif tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad()
+    elif tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise bad()
+        value = float(value)
+    elif tp is str:
+        if not isinstance(value, str) or not value:
+            raise bad()
+    check = meta.get("check")
+    if check is not None and not check(value):
+        raise bad()
+    return value
+
+
+def _build(cls, raw: Any, prefix: str, source: str):
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: {prefix.rstrip('.') or 'the file'} must be a mapping of keys to values")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            where = f"'{prefix.rstrip('.')}'" if prefix else "the top level"
+            raise ConfigError(
+                f"{source}: unknown key '{prefix}{key}'{hint}; allowed in {where}: {', '.join(fields)}"
+            )
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, f"{prefix}{key}.", source)
+        else:
+            kwargs[key] = _coerce(prefix + key, tp, fields[key].metadata, value, source)
+    return cls(**kwargs)
+
+
+def _cross_checks(cfg: Config, source: str) -> None:
+    n_classes, n_tasks = cfg.n_classes, cfg.data.n_tasks
+    if n_classes % n_tasks:
+        divisors = [d for d in range(1, n_classes + 1) if n_classes % d == 0]
+        raise ConfigError(
+            f"{source}: data.n_tasks = {n_tasks} does not divide the {n_classes} classes of "
+            f"{cfg.data.dataset}; use one of {', '.join(map(str, divisors))}"
+        )
+
+
+def from_dict(raw: Any, source: str = "params.yaml") -> Config:
+    cfg = _build(Config, raw, "", source)
+    _cross_checks(cfg, source)
+    return cfg
+
+
+def load_config(path: str | Path = "params.yaml") -> Config:
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such parameters file; run from the project root or pass --params")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}; fix the syntax") from None
+    return from_dict(raw, str(path))

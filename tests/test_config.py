@@ -1,0 +1,92 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from stages.config import Config, ConfigError, from_dict, load_config
+
+
+def test_project_params_are_the_papers_headline_configuration():
+    cfg = load_config(ROOT / "params.yaml")
+    assert (cfg.data.dataset, cfg.data.setting, cfg.data.imbalance_ratio, cfg.data.n_tasks) == \
+        ("cifar10", "ordered", 0.01, 5)
+    assert (cfg.method.name, cfg.method.buffer_size) == ("pbr", 200)
+    assert (cfg.train.epochs, cfg.train.batch_size, cfg.train.lr) == (50, 32, 0.03)
+    assert cfg.model.width == 64
+    # params.yaml spells out every key, so `dvc exp run -S` can set any of them.
+    assert set(cfg.flat()) == set(Config().flat())
+    assert cfg.flat() == from_dict(yaml.safe_load((ROOT / "params.yaml").read_text())).flat()
+
+
+def test_missing_keys_take_defaults():
+    assert from_dict({"data": {"dataset": "cifar100", "n_tasks": 10}}).data.imbalance_ratio == 0.01
+
+
+BAD = [
+    ({"data": {"dataset": "mnist"}}, r"data.dataset = 'mnist' .* one of cifar10 \| cifar100 \| tinyimagenet"),
+    ({"data": {"setting": "random"}}, r"data.setting = 'random' .* ordered \| shuffled"),
+    ({"data": {"imbalance_ratio": 0}}, r"data.imbalance_ratio = 0 .* 0 < IR <= 1"),
+    ({"data": {"imbalance_ratio": 1.5}}, r"data.imbalance_ratio = 1.5 .* 0 < IR <= 1"),
+    ({"data": {"imbalance_ratio": "0.01"}}, r"data.imbalance_ratio = '0.01'"),
+    ({"data": {"download": "yes"}}, r"data.download = 'yes' .* true or false"),
+    ({"data": {"n_tasks": 0}}, r"data.n_tasks = 0 .* positive integer"),
+    ({"data": {"n_tasks": 3}}, r"data.n_tasks = 3 does not divide the 10 classes of cifar10; use one of 1, 2, 5, 10"),
+    ({"data": {"n_tasks": 2.5}}, r"data.n_tasks = 2.5"),
+    ({"data": {"seed": True}}, r"data.seed = True .* an integer"),
+    ({"data": {"root": ""}}, r"data.root = ''"),
+    ({"data": {"shard_mb": -1}}, r"data.shard_mb = -1"),
+    ({"method": {"name": "icarl"}}, r"method.name = 'icarl' .* sgd \| joint \| er \| der \| derpp \| pbr"),
+    ({"method": {"buffer_size": -5}}, r"method.buffer_size = -5 .* >= 0"),
+    ({"train": {"epochs": 0}}, r"train.epochs = 0"),
+    ({"train": {"batch_size": 1.0}}, r"train.batch_size = 1.0"),
+    ({"train": {"lr": 0}}, r"train.lr = 0"),
+    ({"train": {"device": "tpu"}}, r"train.device = 'tpu' .* auto \| cpu \| cuda"),
+    ({"model": {"width": -1}}, r"model.width = -1"),
+    ({"seed": "x"}, r"seed = 'x'"),
+    ({"data": {"datset": "cifar10"}}, r"unknown key 'data.datset' \(did you mean 'data.dataset'\?\)"),
+    ({"trian": {}}, r"unknown key 'trian' \(did you mean 'train'\?\)"),
+    ({"data": 5}, r"data must be a mapping"),
+    ([1, 2], r"the file must be a mapping"),
+]
+
+
+@pytest.mark.parametrize("raw,msg", BAD, ids=[m[:30] for _, m in BAD])
+def test_bad_values_name_the_key_and_what_is_allowed(raw, msg):
+    with pytest.raises(ConfigError, match=msg) as e:
+        from_dict(raw)
+    assert "\n" not in str(e.value)
+
+
+def test_cli_prints_one_line_and_no_traceback(tmp_path):
+    (tmp_path / "params.yaml").write_text("data:\n  imbalance_ratio: 2\n")
+    r = subprocess.run([sys.executable, "-m", "stages.cli", "prepare"], cwd=tmp_path, capture_output=True,
+                       text=True, env=_env())
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "error: params.yaml: data.imbalance_ratio = 2 is not allowed; it must be a number with 0 < IR <= 1 "
+        "(1 = balanced)"]
+    assert not (tmp_path / "data").exists()
+
+
+def test_cli_on_bad_yaml_and_missing_file(tmp_path):
+    (tmp_path / "params.yaml").write_text("data: [unclosed\n")
+    r = subprocess.run([sys.executable, "-m", "stages.cli", "prepare"], cwd=tmp_path, capture_output=True,
+                       text=True, env=_env())
+    assert r.returncode == 2 and r.stderr.startswith("error: params.yaml: not valid YAML at line")
+    r = subprocess.run([sys.executable, "-m", "stages.cli", "prepare", "-p", "nope.yaml"], cwd=tmp_path,
+                       capture_output=True, text=True, env=_env())
+    assert r.returncode == 2 and "nope.yaml: no such parameters file" in r.stderr
+
+
+def test_help_is_fast_and_imports_no_torch():
+    code = "import sys, stages.cli; assert 'torch' not in sys.modules and 'mlflow' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, env=_env())
+
+
+def _env():
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(ROOT)}

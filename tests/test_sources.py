@@ -1,0 +1,134 @@
+import pickle
+import zipfile
+
+import numpy as np
+import pytest
+
+import fakedata
+from conftest import REAL_CIFAR10, real_cifar10
+from pbr.data import sources
+from pbr.data.sources import load_raw
+from pbr.errors import DataError
+
+
+@pytest.mark.parametrize("form", ["archive", "folder"])
+def test_cifar10_round_trip(tmp_path, form):
+    fakedata.write_cifar(tmp_path, 10, 40, 6, form=form)
+    ds = load_raw("cifar10", tmp_path)
+    xtr, ytr, xte, yte = fakedata.cifar_arrays(10, 40, 6)
+    assert ds.train_images.shape == (400, 32, 32, 3) and ds.train_images.dtype == np.uint8
+    assert np.array_equal(ds.train_images, xtr) and np.array_equal(ds.train_labels, ytr)
+    assert np.array_equal(ds.test_images, xte) and np.array_equal(ds.test_labels, yte)
+    assert ds.class_names == [f"class{c}" for c in range(10)]
+
+
+@pytest.mark.parametrize("form", ["archive", "folder"])
+def test_cifar100_round_trip(tmp_path, form):
+    fakedata.write_cifar(tmp_path, 100, 5, 2, form=form)
+    ds = load_raw("cifar100", tmp_path)
+    xtr, ytr, _, yte = fakedata.cifar_arrays(100, 5, 2)
+    assert np.array_equal(ds.train_images, xtr) and np.array_equal(ds.train_labels, ytr)
+    assert np.array_equal(ds.test_labels, yte)
+    assert len(ds.class_names) == 100 and ds.class_names[3] == "fine3"
+
+
+def test_repacked_archive_loads(tmp_path):
+    # Other member order, other compression, same content: content decides, not MD5.
+    members = fakedata.cifar_members(10, 20, 4)
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    fakedata.write_cifar(a, 10, members=members)
+    fakedata.write_cifar(b, 10, members=members, order=sorted(members, reverse=True), mode="w:bz2")
+    assert load_raw("cifar10", a).content_hash() == load_raw("cifar10", b).content_hash()
+
+
+@pytest.mark.parametrize("form", ["folder", "zip"])
+def test_tinyimagenet_round_trip(tmp_path, form):
+    fakedata.write_tinyimagenet(tmp_path, 2, 1, form=form)
+    ds = load_raw("tinyimagenet", tmp_path)
+    assert ds.train_images.shape == (400, 64, 64, 3) and ds.test_images.shape == (200, 64, 64, 3)
+    assert np.bincount(ds.train_labels).tolist() == [2] * 200
+    assert np.bincount(ds.test_labels).tolist() == [1] * 200
+    assert ds.class_names[0] == "thing 0"  # sorted wnids; names from words.txt
+    # JPEG is lossy: the decoded image is close to the one written, not equal.
+    want = fakedata.smooth_pixels(21, 400)[0].astype(int)
+    assert np.abs(ds.train_images[0].astype(int) - want).mean() < 3
+
+
+def test_missing_data_says_where_it_looked(tmp_path):
+    with pytest.raises(DataError, match=r"no cifar10 data in .*cifar-10-batches-py or .*cifar-10-python.tar.gz"):
+        load_raw("cifar10", tmp_path, download=False)
+
+
+def test_failed_download_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "CIFAR100_URL", "http://127.0.0.1:9/cifar-100-python.tar.gz")
+    with pytest.raises(DataError, match=r"downloading cifar100 into .* failed .* fetch .* by hand"):
+        load_raw("cifar100", tmp_path, download=True)
+
+
+def test_truncated_archive(tmp_path):
+    p = fakedata.write_cifar(tmp_path, 10, 40, 6)
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    with pytest.raises(DataError, match="truncated or corrupt"):
+        load_raw("cifar10", tmp_path)
+
+
+def test_missing_member(tmp_path):
+    members = fakedata.cifar_members(10, 20, 4)
+    del members["data_batch_3"]
+    fakedata.write_cifar(tmp_path, 10, members=members)
+    with pytest.raises(DataError, match="member.s. missing: data_batch_3"):
+        load_raw("cifar10", tmp_path)
+
+
+def test_corrupt_pickle(tmp_path):
+    members = fakedata.cifar_members(10, 20, 4)
+    members["test_batch"] = members["test_batch"][:100]
+    fakedata.write_cifar(tmp_path, 10, members=members, form="folder")
+    with pytest.raises(DataError, match="test_batch: not a readable CIFAR pickle"):
+        load_raw("cifar10", tmp_path)
+
+
+@pytest.mark.parametrize("break_it,msg", [
+    (lambda d: d.pop(b"data"), "key b'data' missing"),
+    (lambda d: d.update({b"data": d[b"data"][:, :100]}), "rows of 3072"),
+    (lambda d: d.update({b"labels": d[b"labels"][:-1]}), "images but .* labels"),
+    (lambda d: d.update({b"labels": [12] * len(d[b"labels"])}), r"labels outside 0..9"),
+])
+def test_bad_content(tmp_path, break_it, msg):
+    members = fakedata.cifar_members(10, 20, 4)
+    d = pickle.loads(members["data_batch_2"], encoding="bytes")
+    break_it(d)
+    members["data_batch_2"] = pickle.dumps(d, protocol=2)
+    fakedata.write_cifar(tmp_path, 10, members=members)
+    with pytest.raises(DataError, match=msg):
+        load_raw("cifar10", tmp_path)
+
+
+def test_class_missing_from_a_split(tmp_path):
+    members = fakedata.cifar_members(10, 20, 4)
+    d = pickle.loads(members["test_batch"], encoding="bytes")
+    d[b"labels"] = [0 if y == 4 else y for y in d[b"labels"]]
+    members["test_batch"] = pickle.dumps(d, protocol=2)
+    fakedata.write_cifar(tmp_path, 10, members=members)
+    with pytest.raises(DataError, match=r"test split has no image of class\(es\) \[4\]"):
+        load_raw("cifar10", tmp_path)
+
+
+def test_tinyimagenet_corrupt_zip_and_bad_image(tmp_path):
+    p = fakedata.write_tinyimagenet(tmp_path / "a", 1, 1, form="zip")
+    p.write_bytes(b"PK\x03\x04garbage")
+    with pytest.raises(DataError, match="not a readable zip"):
+        load_raw("tinyimagenet", tmp_path / "a")
+    p = fakedata.write_tinyimagenet(tmp_path / "b", 1, 1, form="folder")
+    (p / "val" / "images" / "val_7.JPEG").write_bytes(b"not a jpeg")
+    with pytest.raises(DataError, match="cannot be decoded"):
+        load_raw("tinyimagenet", tmp_path / "b")
+
+
+@real_cifar10
+def test_real_cifar10():
+    ds = load_raw("cifar10", REAL_CIFAR10.parent)
+    assert ds.train_images.shape == (50000, 32, 32, 3) and ds.test_images.shape == (10000, 32, 32, 3)
+    assert np.bincount(ds.train_labels).tolist() == [5000] * 10
+    assert ds.class_names[0] == "airplane" and ds.class_names[9] == "truck"
