@@ -1,4 +1,3 @@
-import os
 import sys
 from pathlib import Path
 
@@ -18,4 +17,4 @@ real_cifar10 = pytest.mark.skipif(
 def _quiet_env(monkeypatch):
     # Keep DVC and MLflow from phoning home or picking up a user's settings.
     monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
-    monkeypatch.setenv("DVC_NO_UPDATE_CHECK", "1") if hasattr(os, "environ") else None
+    monkeypatch.setenv("DVC_NO_UPDATE_CHECK", "1")
