@@ -32,6 +32,15 @@ def prepare(params: Path = ParamsOpt) -> None:
     stage.run(load_config(params))
 
 
+@app.command()
+def train(params: Path = ParamsOpt) -> None:
+    """Train the tasks in turn; save each task's model, buffer and accuracy row (resumable)."""
+    from stages import train as stage
+    from stages.config import load_config
+
+    stage.run(load_config(params))
+
+
 def main() -> None:
     try:
         app()

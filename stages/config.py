@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,23 +48,44 @@ class DataConfig:
     shard_mb: float = _key(_positive, "a positive number of megabytes per parquet shard", default=64.0)
 
 
+def _non_negative(v) -> bool:
+    return v >= 0
+
+
+Auto = Literal["auto"]
+
+
 @dataclass(frozen=True)
 class MethodConfig:
     name: Literal["sgd", "joint", "er", "der", "derpp", "pbr"] = "pbr"
-    buffer_size: int = _key(lambda v: v >= 0, "an integer >= 0", default=200)
+    buffer_size: int = _key(_non_negative, "an integer >= 0", default=200)
+    # "auto" = the method's documented default (Mammoth's best for der/derpp; ours for pbr).
+    alpha: float | Auto = _key(_non_negative, "a number >= 0 or auto", default="auto")
+    beta: float | Auto = _key(_non_negative, "a number >= 0 or auto", default="auto")
+    tau1: float = _key(_positive, "a positive number (0.1 in the paper)", default=0.1)
+    tau2: float = _key(_positive, "a positive number (2 in the paper)", default=2.0)
+    mc_samples: int = _key(_positive, "a positive integer (T, MC-dropout samples)", default=20)
+    buffer_order: Literal["uncertain_first", "certain_first", "random"] = "uncertain_first"
+    walk_candidate: Literal["hold", "advance"] = "hold"
+    replay_ce: bool = True
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: int = _key(_positive, "a positive integer", default=50)
     batch_size: int = _key(_positive, "a positive integer", default=32)
-    lr: float = _key(_positive, "a positive number", default=0.03)
+    replay_batch_size: int = _key(_positive, "a positive integer", default=32)
+    eval_batch_size: int = _key(_positive, "a positive integer", default=128)
+    lr: float | Auto = _key(_positive, "a positive number or auto", default="auto")
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     width: int = _key(_positive, "a positive integer (64 in the paper)", default=64)
+    head: Literal["auto", "cosine", "linear"] = "auto"
+    scale: float = _key(_positive, "a positive number (s = 10 in the paper)", default=10.0)
+    dropout: float | Auto = _key(lambda v: 0 <= v < 1, "a number in [0, 1) or auto", default="auto")
 
 
 @dataclass(frozen=True)
@@ -104,32 +126,39 @@ def _describe(tp, meta: dict) -> str:
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
 
 
+_NO = object()
+
+
+def _convert(tp, value: Any) -> Any:
+    """`value` as type `tp`, or _NO when it is not one."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arm in typing.get_args(tp):
+            v = _convert(arm, value)
+            if v is not _NO:
+                return v
+        return _NO
+    if origin is Literal:
+        return value if isinstance(value, (str, bool, int)) and value in typing.get_args(tp) else _NO
+    if tp is bool:
+        return value if isinstance(value, bool) else _NO
+    if tp is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _NO
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return float(value) if ok else _NO
+    if tp is str:
+        return value if isinstance(value, str) and value else _NO
+    raise TypeError(f"unsupported config type {tp}")
+
+
 def _coerce(name: str, tp, meta: dict, value: Any, source: str) -> Any:
-    given = value  # report it as the user wrote it
-
-    def bad() -> ConfigError:
-        return ConfigError(f"{source}: {name} = {given!r} is not allowed; it must be {_describe(tp, meta)}")
-
-    if typing.get_origin(tp) is Literal:
-        if value not in typing.get_args(tp):
-            raise bad()
-    elif tp is bool:
-        if not isinstance(value, bool):
-            raise bad()
-    elif tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad()
-    elif tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise bad()
-        value = float(value)
-    elif tp is str:
-        if not isinstance(value, str) or not value:
-            raise bad()
+    converted = _convert(tp, value)
     check = meta.get("check")
-    if check is not None and not check(value):
-        raise bad()
-    return value
+    # "auto" (a method's documented default) is never range-checked.
+    if converted is _NO or (check is not None and converted != "auto" and not check(converted)):
+        raise ConfigError(f"{source}: {name} = {value!r} is not allowed; it must be {_describe(tp, meta)}")
+    return converted
 
 
 def _build(cls, raw: Any, prefix: str, source: str):
@@ -157,6 +186,9 @@ def _build(cls, raw: Any, prefix: str, source: str):
 
 
 def _cross_checks(cfg: Config, source: str) -> None:
+    if cfg.method.name in ("er", "der", "derpp", "pbr") and cfg.method.buffer_size < 1:
+        raise ConfigError(f"{source}: method.buffer_size = {cfg.method.buffer_size} leaves {cfg.method.name} "
+                          f"without a replay buffer; use a size >= 1 (200 or 500 in the paper)")
     n_classes, n_tasks = cfg.n_classes, cfg.data.n_tasks
     if n_classes % n_tasks:
         divisors = [d for d in range(1, n_classes + 1) if n_classes % d == 0]

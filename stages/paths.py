@@ -6,3 +6,4 @@ PARAMS = Path("params.yaml")
 PREPARED = Path("data/prepared")
 REPORTS = Path("reports")
 PREPARE_PLOTS = REPORTS / "prepare"
+TRAIN = Path("artifacts/train")

@@ -1,0 +1,66 @@
+"""Continual-learning metrics from the accuracy matrix R (R[j][i] = accuracy on task i after
+training on task j; entries above the diagonal are never read, NaN is fine) and the masked
+per-batch accuracy that fills it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+MODES = ("class_il", "task_il")
+
+
+def _matrix(R: Any) -> np.ndarray:
+    r = np.asarray(R, dtype=np.float64)
+    if r.ndim != 2 or r.shape[0] != r.shape[1] or r.shape[0] == 0:
+        raise ValueError(f"R must be a non-empty square T x T matrix, got shape {r.shape}")
+    return r
+
+
+def acc(R: Any) -> float:
+    """Mean accuracy over all tasks after the last task: mean_i R[T-1][i]."""
+    r = _matrix(R)
+    return float(r[-1].mean())
+
+
+def bwt(R: Any) -> float:
+    """Backward transfer: mean over i < T-1 of R[T-1][i] - R[i][i] (0 for T = 1)."""
+    r = _matrix(R)
+    t = r.shape[0]
+    if t == 1:
+        return 0.0
+    return float((r[-1, : t - 1] - np.diag(r)[: t - 1]).mean())
+
+
+def forgetting(R: Any) -> float:
+    """Mean over i < T-1 of max_{j = i..T-2} R[j][i] - R[T-1][i] (0 for T = 1).
+
+    The max runs over the evaluations after tasks i to T-2, excluding the final one, as in the
+    standard definition (Chaudhry et al. 2018), so forgetting can be negative.
+    """
+    r = _matrix(R)
+    t = r.shape[0]
+    if t == 1:
+        return 0.0
+    best = np.array([r[i : t - 1, i].max() for i in range(t - 1)])
+    return float((best - r[-1, : t - 1]).mean())
+
+
+def task_accuracy(logits: torch.Tensor, labels: torch.Tensor, task_classes: torch.Tensor, mode: str) -> torch.Tensor:
+    """Number of correct predictions (int64 scalar tensor, no host sync).
+
+    `task_classes` holds the allowed class indices: for "class_il" the classes seen so far,
+    for "task_il" the classes of the task being evaluated. Logits of all other classes are
+    set to -inf before the argmax; both modes mask the same way, the mode states the intent.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if logits.dim() != 2 or labels.shape != logits.shape[:1]:
+        raise ValueError(f"logits must be [B, C] and labels [B], got {tuple(logits.shape)} and {tuple(labels.shape)}")
+    cls = task_classes.to(logits.device)
+    allowed = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
+    allowed[cls] = True
+    masked = logits.masked_fill(~allowed, float("-inf"))
+    return (masked.argmax(1) == labels.to(logits.device)).sum()

@@ -1,0 +1,107 @@
+"""MC-dropout uncertainty (BALD mutual information) with only the head sampled.
+
+Dropout sits right before the classifier, so the backbone feature is computed once and the T
+stochastic passes reduce to T masked copies of one [B, D] embedding: one [T*B, D] matmul.
+Masks are drawn from an explicit generator, so scores are reproducible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from pbr.models.net import Net
+
+
+def _check_generator(generator: torch.Generator, device: torch.device) -> None:
+    if generator.device.type != device.type:
+        raise ValueError(f"generator is on {generator.device.type}, tensors are on {device.type}: they must match")
+
+
+def mc_probs(
+    net: Net,
+    feats: torch.Tensor,
+    T: int,
+    tau: float,
+    generator: torch.Generator,
+    classes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """softmax(logits / tau) under T independent head-dropout masks: [T, B, C'].
+
+    Same rate and 1/(1-p) scaling as nn.Dropout. `classes` (LongTensor) restricts the softmax
+    to those columns, in that order (e.g. the classes seen so far).
+    """
+    if T < 1:
+        raise ValueError(f"T must be >= 1, got {T}")
+    if not tau > 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    if feats.dim() != 2:
+        raise ValueError(f"feats must be [B, D], got shape {tuple(feats.shape)}")
+    head = net.head
+    z = head.embed(feats)
+    B, D = z.shape
+    if head.p > 0:
+        _check_generator(generator, z.device)
+        keep = torch.rand((T, B, D), generator=generator, device=z.device, dtype=z.dtype) >= head.p
+        z_t = z.unsqueeze(0) * keep * (1.0 / (1.0 - head.p))
+    else:
+        z_t = z.unsqueeze(0).expand(T, B, D)
+    logits = head.project(z_t.reshape(T * B, D)).reshape(T, B, -1)
+    if classes is not None:
+        logits = logits.index_select(-1, classes.to(logits.device))
+    return torch.softmax(logits / tau, dim=-1)
+
+
+def predictive_entropy(p: torch.Tensor) -> torch.Tensor:
+    """Entropy over the last dim, with 0 * log 0 = 0."""
+    return -torch.special.xlogy(p, p).sum(-1)
+
+
+def mutual_information(probs_T: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """BALD from [T, B, C] probabilities: (MI [B], predictive entropy [B]).
+
+    MI = H[mean_t p_t] - mean_t H[p_t], clamped at 0 against rounding.
+    """
+    if probs_T.dim() != 3:
+        raise ValueError(f"probs_T must be [T, B, C], got shape {tuple(probs_T.shape)}")
+    entropy = predictive_entropy(probs_T.mean(0))
+    expected = predictive_entropy(probs_T).mean(0)
+    return (entropy - expected).clamp_min(0.0), entropy
+
+
+def score_images(
+    net: Net,
+    images_uint8: torch.Tensor,
+    T: int,
+    tau: float,
+    batch_size: int,
+    preprocess: Callable[[torch.Tensor], torch.Tensor],
+    generator: torch.Generator,
+    classes: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(MI [N], entropy [N]) of every image, on the net's device.
+
+    The backbone runs in eval mode (BN uses running statistics); only the head is sampled.
+    Images move to the net's device batch by batch, as uint8, before `preprocess`.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    device = next(net.parameters()).device
+    was_training = net.training
+    net.eval()
+    mis, ents = [], []
+    try:
+        with torch.inference_mode():
+            for start in range(0, images_uint8.shape[0], batch_size):
+                x = images_uint8[start : start + batch_size].to(device, non_blocking=True)
+                probs = mc_probs(net, net.features(preprocess(x)), T, tau, generator, classes)
+                mi, ent = mutual_information(probs)
+                mis.append(mi)
+                ents.append(ent)
+    finally:
+        net.train(was_training)
+    if not mis:
+        empty = torch.empty(0, device=device)
+        return empty, empty.clone()
+    return torch.cat(mis), torch.cat(ents)

@@ -1,0 +1,216 @@
+"""`pbr train`: the tasks one after another; after each, that task's model, buffer and accuracy row.
+
+Resumable: each finished task is a complete folder `artifacts/train/task_KK/` (written under a
+temporary name, then renamed) holding everything needed to continue exactly where it ended,
+RNG states included. A re-run continues after the last finished task when the run's fingerprint
+(settings, prepared data, code) is unchanged, and starts over otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+from pbr.errors import UserError
+from stages import artifacts, paths
+from stages.config import Config
+
+STATE = "state.pt"
+
+
+def resolve_device(name: str):
+    import torch
+
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("train.device = cuda but no CUDA device is visible; use auto or cpu")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def settings(cfg: Config) -> dict:
+    """The method's effective settings, with every "auto" resolved."""
+    from pbr.methods import METHODS
+
+    cls = METHODS[cfg.method.name]
+    m, t, mo = cfg.method, cfg.train, cfg.model
+    r = lambda key, value: cls.resolve(key, value, m.buffer_size)  # noqa: E731
+    return {
+        "method": m.name, "lr": r("lr", t.lr), "alpha": r("alpha", m.alpha) or 0.0,
+        "beta": r("beta", m.beta) or 0.0, "head": r("head", mo.head), "dropout": r("dropout", mo.dropout),
+        "buffer_size": m.buffer_size if cls.uses_buffer else 0, "tau1": m.tau1, "tau2": m.tau2,
+        "mc_samples": m.mc_samples, "buffer_order": m.buffer_order, "walk_candidate": m.walk_candidate,
+        "replay_ce": m.replay_ce, "width": mo.width, "scale": mo.scale, "epochs": t.epochs,
+        "batch_size": t.batch_size, "replay_batch_size": t.replay_batch_size,
+        "eval_batch_size": t.eval_batch_size, "seed": cfg.seed,
+    }
+
+
+def _code_hash() -> str:
+    import pbr
+    import stages
+
+    h = hashlib.sha256()
+    for pkg in (pbr, stages):
+        root = Path(pkg.__file__).parent
+        for f in sorted(root.rglob("*.py")):
+            h.update(f.relative_to(root.parent).as_posix().encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def fingerprint(s: dict, manifest: dict, device) -> str:
+    data = {"shards": [x["sha256"] for x in manifest["shards"]], "order": manifest["class_order"]}
+    blob = json.dumps({"settings": s, "data": data, "device": device.type, "code": _code_hash()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _load_tasks(manifest: dict, device):
+    import torch
+
+    from pbr.data.shards import read_split
+
+    def tensors(task, split):
+        s = read_split(paths.PREPARED, manifest, task, split)
+        # HWC bytes viewed as NCHW: a channels_last tensor, no copy on the host.
+        images = torch.from_numpy(s.images).permute(0, 3, 1, 2).to(device)
+        return images, torch.from_numpy(s.labels).to(device)
+
+    n = manifest["n_tasks"]
+    return [tensors(t, "train") for t in range(n)], [tensors(t, "test") for t in range(n)]
+
+
+def buffer_table(buffer):
+    """The buffer as a parquet table: the shards' image layout plus task, score and logits."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = buffer.size
+    images = buffer.images[:n].permute(0, 2, 3, 1).contiguous().cpu().numpy()
+    width = int(np.prod(images.shape[1:]))
+    logits = buffer.logits[:n].cpu().numpy()
+    return pa.table({
+        "image": pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(images.reshape(-1))]),
+        "label": pa.array(buffer.labels[:n].cpu().numpy().astype(np.int16)),
+        "task": pa.array(buffer.tasks[:n].cpu().numpy().astype(np.int16)),
+        "score": pa.array(buffer.scores[:n].cpu().numpy()),
+        "logits": pa.FixedSizeListArray.from_arrays(pa.array(logits.reshape(-1)), logits.shape[1]),
+    })
+
+
+def _save_task(out: Path, k: int, net, method, s: dict, rows: dict, epochs: list, ctx, manifest) -> None:
+    import pyarrow.parquet as pq
+    import torch
+
+    with artifacts.atomic_dir(out / f"task_{k:02d}") as tmp:
+        torch.save({"state_dict": net.state_dict(), "task": k, "n_classes": manifest["n_classes"],
+                    "classes_seen": sorted(c for t in manifest["task_classes"][: k + 1] for c in t),
+                    **{key: s[key] for key in ("width", "head", "scale", "dropout", "method")}}, tmp / "model.pt")
+        if method.buffer is not None:
+            pq.write_table(buffer_table(method.buffer), tmp / "buffer.parquet")
+        (tmp / "accuracy.json").write_text(json.dumps(
+            {"task": k, "class_il": rows["class_il"][k], "task_il": rows["task_il"][k], "epochs": epochs[k]},
+            indent=1))
+        # Written last: a folder with state.pt is a finished task.
+        torch.save({"method": method.state_dict(), "generator": ctx.generator.get_state(),
+                    "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if ctx.device.type == "cuda" else None,
+                    "rows": rows, "epochs": epochs}, tmp / STATE)
+
+
+def _finished_tasks(out: Path, n_tasks: int) -> int:
+    k = 0
+    while k < n_tasks and (out / f"task_{k:02d}" / STATE).is_file():
+        k += 1
+    return k
+
+
+def run(cfg: Config, log=print) -> dict:
+    import torch
+
+    from pbr import metrics
+    from pbr.data.augment import MEAN_STD, Augment, normalize
+    from pbr.data.shards import load_manifest
+    from pbr.loop import evaluate, fit_task
+    from pbr.methods import METHODS, Context, Options
+    from pbr.models import Net
+    from stages.progress import TaskProgress
+
+    manifest = load_manifest(paths.PREPARED)
+    device = resolve_device(cfg.train.device)
+    s = settings(cfg)
+    out = paths.TRAIN
+    fp = fingerprint(s, manifest, device)
+    run_file = out / "run.json"
+    if run_file.is_file() and json.loads(run_file.read_text()).get("fingerprint") != fp:
+        log(f"{out}: settings, data or code changed since the saved tasks; starting over")
+        shutil.rmtree(out)
+    artifacts.write_text(run_file, json.dumps({"fingerprint": fp, "settings": s, "device": str(device),
+                                               "n_tasks": manifest["n_tasks"]}, indent=1))
+
+    torch.manual_seed(cfg.seed)
+    init_gen = torch.Generator().manual_seed(cfg.seed)  # same initial weights on every device
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    mean, std = MEAN_STD[manifest["dataset"]]
+    train_sets, test_sets = _load_tasks(manifest, device)
+    task_classes = [torch.tensor(c, device=device) for c in manifest["task_classes"]]
+    ctx = Context(n_classes=manifest["n_classes"], task_classes=task_classes, device=device,
+                  augment=Augment(mean, std), preprocess=lambda x: normalize(x, mean, std), generator=gen,
+                  replay_batch_size=s["replay_batch_size"], eval_batch_size=s["eval_batch_size"])
+    net = Net(manifest["n_classes"], s["width"], s["head"], s["scale"], s["dropout"], generator=init_gen).to(device)
+    opts = Options(lr=s["lr"], buffer_size=max(s["buffer_size"], 1), alpha=s["alpha"], beta=s["beta"],
+                   tau1=s["tau1"], tau2=s["tau2"], mc_samples=s["mc_samples"],
+                   buffer_order={"uncertain_first": "desc", "certain_first": "asc", "random": "random"}[
+                       s["buffer_order"]], candidate=s["walk_candidate"], replay_ce=s["replay_ce"])
+    method = METHODS[s["method"]](net, ctx, opts)
+
+    n_tasks = manifest["n_tasks"]
+    rows: dict = {"class_il": [], "task_il": []}
+    epochs_log: list = []
+    start = _finished_tasks(out, n_tasks)
+    if start:
+        state = torch.load(out / f"task_{start - 1:02d}" / STATE, map_location=device, weights_only=False)
+        net.load_state_dict(torch.load(out / f"task_{start - 1:02d}" / "model.pt", map_location=device,
+                                       weights_only=False)["state_dict"])
+        method.load_state_dict(state["method"])
+        gen.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] is not None:
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        rows, epochs_log = state["rows"], state["epochs"]
+        log(f"resuming after task {start} of {n_tasks} (finished tasks are kept in {out})")
+
+    t_all = time.perf_counter()
+    for k in range(start, n_tasks):
+        images, labels = method.task_data(k, train_sets)
+        method.begin_task(k, images, labels)
+        progress = TaskProgress(k, n_tasks, s["epochs"], labels.shape[0])
+        try:
+            stats = fit_task(method, images, labels, s["epochs"], s["batch_size"], progress.on_batch,
+                             progress.on_epoch)
+        finally:
+            progress.close()
+        method.end_task(k, images, labels)
+        c_row, t_row = evaluate(net, test_sets, task_classes, k + 1, ctx.preprocess, s["eval_batch_size"])
+        rows["class_il"].append(c_row)
+        rows["task_il"].append(t_row)
+        epochs_log.append([{"epoch": e.epoch, "loss": e.loss, "accuracy": e.accuracy} for e in stats])
+        _save_task(out, k, net, method, s, rows, epochs_log, ctx, manifest)
+        log(f"task {k + 1}/{n_tasks} done: Class-IL {[round(a, 2) for a in c_row[: k + 1]]}, "
+            f"Task-IL {[round(a, 2) for a in t_row[: k + 1]]}")
+
+    summary = {
+        "class_il": {"matrix": rows["class_il"], "acc": metrics.acc(rows["class_il"]),
+                     "bwt": metrics.bwt(rows["class_il"]), "forgetting": metrics.forgetting(rows["class_il"])},
+        "task_il": {"matrix": rows["task_il"], "acc": metrics.acc(rows["task_il"]),
+                    "bwt": metrics.bwt(rows["task_il"]), "forgetting": metrics.forgetting(rows["task_il"])},
+        "settings": s,
+    }
+    artifacts.write_text(out / "accuracy.json", json.dumps(summary, indent=1))
+    log(f"trained {n_tasks - start} task(s) in {time.perf_counter() - t_all:.0f}s: "
+        f"Class-IL ACC {summary['class_il']['acc']:.2f} BWT {summary['class_il']['bwt']:.2f} | "
+        f"Task-IL ACC {summary['task_il']['acc']:.2f} BWT {summary['task_il']['bwt']:.2f}")
+    return summary

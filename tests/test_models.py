@@ -1,0 +1,91 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pbr.models import Net, ResNet18
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("side", [32, 64])
+def test_resnet18_feature_shape(side):
+    net = ResNet18(width=4)
+    x = torch.randn(2, 3, side, side, generator=_gen())
+    f = net(x)
+    assert net.feature_dim == 32
+    assert f.shape == (2, 32)
+
+
+def test_resnet18_is_mammoth_cifar_variant():
+    net = ResNet18(width=64)
+    # CIFAR stem: 3x3, stride 1, no max-pool anywhere.
+    assert net.conv1.kernel_size == (3, 3) and net.conv1.stride == (1, 1) and net.conv1.padding == (1, 1)
+    assert not any(isinstance(m, nn.MaxPool2d) for m in net.modules())
+    assert isinstance(net.layer1[0].shortcut, nn.Identity)
+    for layer, width in ((net.layer2, 128), (net.layer3, 256), (net.layer4, 512)):
+        conv = layer[0].shortcut[0]
+        assert conv.kernel_size == (1, 1) and conv.stride == (2, 2) and conv.out_channels == width
+    # torchvision's resnet18 trunk (11,176,512) minus the 7x7->3x3 stem difference (7,680).
+    assert sum(p.numel() for p in net.parameters()) == 11_168_832
+
+
+def test_cosine_head_formula():
+    net = Net(5, width=4, scale=10.0, dropout=0.5).eval()
+    f = torch.randn(3, 32, generator=_gen(1))
+    w = net.head.weight
+    expected = 10.0 * F.normalize(f, dim=1) @ F.normalize(w, dim=1).T
+    torch.testing.assert_close(net.classify(f), expected)
+    assert net.classify(f).abs().max() <= 10.0 + 1e-5
+    assert not hasattr(net.head, "bias")
+
+
+def test_linear_head_formula():
+    net = Net(5, width=4, head="linear", dropout=0.5).eval()
+    f = torch.randn(3, 32, generator=_gen(2))
+    torch.testing.assert_close(net.classify(f), f @ net.head.weight.T + net.head.bias)
+    torch.testing.assert_close(net.prototypes(), net.head.weight)
+
+
+def test_dropout_only_in_training_or_mc():
+    net = Net(5, width=4, dropout=0.5)
+    f = torch.randn(4, 32, generator=_gen(3))
+    net.train()
+    assert not torch.equal(net.classify(f), net.classify(f))
+    net.eval()
+    assert torch.equal(net.classify(f), net.classify(f))
+    assert not torch.equal(net.classify(f, mc=True), net.classify(f))
+
+
+def test_forward_is_classify_of_features_and_backprops():
+    net = Net(3, width=4).eval()
+    x = torch.randn(2, 3, 32, 32, generator=_gen(4))
+    torch.testing.assert_close(net(x), net.classify(net.features(x)))
+    net.train()
+    net(x).sum().backward()
+    assert net.backbone.conv1.weight.grad is not None and net.head.weight.grad is not None
+
+
+def test_prototypes_and_weight_norms():
+    net = Net(6, width=4)
+    with torch.no_grad():
+        net.head.weight.mul_(torch.arange(1, 7, dtype=torch.float32).unsqueeze(1))
+    assert net.prototypes().shape == (6, 32)
+    torch.testing.assert_close(net.prototypes().norm(dim=1), torch.ones(6))
+    torch.testing.assert_close(net.weight_norms(), net.head.weight.norm(dim=1))
+
+
+def test_generator_init_is_reproducible():
+    a, b, c = Net(4, width=4, generator=_gen(7)), Net(4, width=4, generator=_gen(7)), Net(4, width=4, generator=_gen(8))
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not torch.equal(sa["head.weight"], sc["head.weight"])
+    assert not torch.equal(sa["backbone.conv1.weight"], sc["backbone.conv1.weight"])
+
+
+@pytest.mark.parametrize("kwargs", [{"head": "mlp"}, {"dropout": 1.0}, {"dropout": -0.1}, {"scale": 0.0}, {"width": 0}])
+def test_bad_arguments(kwargs):
+    with pytest.raises(ValueError):
+        Net(4, **{"width": 4, **kwargs})

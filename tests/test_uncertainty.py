@@ -1,0 +1,135 @@
+import math
+
+import pytest
+import torch
+
+from pbr.models import Net
+from pbr.uncertainty import mc_probs, mutual_information, predictive_entropy, score_images
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _h(*p: float) -> float:
+    return -sum(q * math.log(q) for q in p if q > 0)
+
+
+def test_mutual_information_by_hand():
+    # Two masks (T=2), three samples, two classes.
+    probs = torch.tensor(
+        [
+            [[0.9, 0.1], [1.0, 0.0], [0.7, 0.3]],
+            [[0.3, 0.7], [0.0, 1.0], [0.7, 0.3]],
+        ],
+        dtype=torch.float64,
+    )
+    mi, ent = mutual_information(probs)
+    # sample 0: mean (0.6, 0.4)
+    h0 = -(0.6 * math.log(0.6) + 0.4 * math.log(0.4))
+    e0 = 0.5 * (-(0.9 * math.log(0.9) + 0.1 * math.log(0.1)) - (0.3 * math.log(0.3) + 0.7 * math.log(0.7)))
+    # sample 1: one-hot disagreeing masks: H[mean] = log 2, each H[p_t] = 0 (0 log 0 = 0)
+    # sample 2: identical masks: MI = 0
+    h2 = -(0.7 * math.log(0.7) + 0.3 * math.log(0.3))
+    torch.testing.assert_close(ent, torch.tensor([h0, math.log(2), h2], dtype=torch.float64))
+    torch.testing.assert_close(mi, torch.tensor([h0 - e0, math.log(2), 0.0], dtype=torch.float64))
+    assert abs((h0 - e0) - 0.20503803) < 1e-7  # written-out value of the first row
+    torch.testing.assert_close(predictive_entropy(probs[0]), torch.tensor([_h(0.9, 0.1), 0.0, h2], dtype=torch.float64))
+
+
+def test_mi_is_clamped_non_negative():
+    p = torch.full((5, 4, 3), 1 / 3)
+    mi, _ = mutual_information(p)
+    assert (mi >= 0).all() and torch.isfinite(mi).all()
+
+
+def test_zero_dropout_gives_zero_mi():
+    net = Net(5, width=4, dropout=0.0).eval()
+    feats = torch.randn(6, 32, generator=_gen(1))
+    probs = mc_probs(net, feats, T=8, tau=0.1, generator=_gen(2))
+    assert probs.shape == (8, 6, 5)
+    mi, _ = mutual_information(probs)
+    torch.testing.assert_close(mi, torch.zeros(6), atol=1e-6, rtol=0)
+
+
+def test_masks_differ_and_match_nn_dropout_semantics():
+    p = 0.5
+    net = Net(5, width=4, dropout=p).eval()
+    feats = torch.randn(6, 32, generator=_gen(3))
+    T, tau = 4, 0.1
+    probs = mc_probs(net, feats, T, tau, generator=_gen(4))
+    for t in range(1, T):
+        assert not torch.allclose(probs[0], probs[t])
+    # Same draws by hand: keep iff U >= p, scaled by 1 / (1 - p), one [T, B, D] draw.
+    keep = torch.rand((T, 6, 32), generator=_gen(4)) >= p
+    z = torch.nn.functional.normalize(feats, dim=1) * keep / (1 - p)
+    logits = net.head.scale * z @ net.prototypes().T
+    torch.testing.assert_close(probs, torch.softmax(logits / tau, dim=-1))
+    assert abs(keep.float().mean().item() - (1 - p)) < 0.05
+
+
+def test_reproducible_with_same_seed():
+    net = Net(5, width=4, dropout=0.3).eval()
+    feats = torch.randn(6, 32, generator=_gen(5))
+    a = mc_probs(net, feats, 5, 0.1, generator=_gen(6))
+    b = mc_probs(net, feats, 5, 0.1, generator=_gen(6))
+    c = mc_probs(net, feats, 5, 0.1, generator=_gen(7))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_classes_restrict_the_softmax():
+    net = Net(6, width=4, dropout=0.0).eval()
+    feats = torch.randn(3, 32, generator=_gen(8))
+    classes = torch.tensor([0, 2, 3])
+    probs = mc_probs(net, feats, 2, 0.5, generator=_gen(9), classes=classes)
+    assert probs.shape == (2, 3, 3)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 3))
+    expected = torch.softmax(net.classify(feats)[:, classes] / 0.5, dim=-1)
+    torch.testing.assert_close(probs[0], expected)
+
+
+@pytest.mark.parametrize("start_training", [True, False])
+def test_score_images(start_training):
+    net = Net(4, width=4, dropout=0.3, generator=_gen(10))
+    net.train(start_training)
+    images = torch.randint(0, 256, (10, 3, 32, 32), dtype=torch.uint8, generator=_gen(11))
+    preprocess = lambda x: x.float() / 255.0  # noqa: E731
+    bn_mean = net.backbone.bn1.running_mean.clone()
+    mi, ent = score_images(net, images, T=3, tau=0.1, batch_size=4, preprocess=preprocess, generator=_gen(12))
+    assert mi.shape == ent.shape == (10,)
+    assert net.training == start_training
+    assert torch.equal(net.backbone.bn1.running_mean, bn_mean)  # backbone ran in eval mode
+    assert not mi.is_inference()
+    # Same thing by hand, batch by batch, same generator stream.
+    net.eval()
+    g = _gen(12)
+    ref = []
+    with torch.no_grad():
+        for s in range(0, 10, 4):
+            ref.append(mutual_information(mc_probs(net, net.features(preprocess(images[s : s + 4])), 3, 0.1, g))[0])
+    torch.testing.assert_close(mi, torch.cat(ref))
+
+
+def test_bad_arguments():
+    net = Net(4, width=4)
+    feats = torch.randn(2, 32)
+    with pytest.raises(ValueError):
+        mc_probs(net, feats, 0, 0.1, _gen())
+    with pytest.raises(ValueError):
+        mc_probs(net, feats, 2, 0.0, _gen())
+    with pytest.raises(ValueError):
+        mutual_information(torch.rand(2, 3))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_score_images_from_host_images():
+    net = Net(4, width=4, dropout=0.3, generator=_gen(13)).cuda()
+    images = torch.randint(0, 256, (9, 3, 32, 32), dtype=torch.uint8, generator=_gen(14))
+    run = lambda seed: score_images(  # noqa: E731
+        net, images, 4, 0.1, 4, lambda x: x.float() / 255.0, torch.Generator(device="cuda").manual_seed(seed), torch.tensor([0, 1])
+    )
+    (mi, ent), (mi2, _) = run(1), run(1)
+    assert mi.device.type == "cuda" and mi.shape == ent.shape == (9,)
+    assert torch.equal(mi, mi2)
+    with pytest.raises(ValueError):
+        score_images(net, images, 4, 0.1, 4, lambda x: x.float(), _gen(1))
