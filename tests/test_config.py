@@ -14,7 +14,11 @@ def test_project_params_are_the_papers_headline_configuration():
     assert (cfg.data.dataset, cfg.data.setting, cfg.data.imbalance_ratio, cfg.data.n_tasks) == \
         ("cifar10", "ordered", 0.01, 5)
     assert (cfg.method.name, cfg.method.buffer_size) == ("pbr", 200)
-    assert (cfg.train.epochs, cfg.train.batch_size, cfg.train.lr) == (50, 32, 0.03)
+    assert (cfg.train.epochs, cfg.train.batch_size) == (50, 32)
+    from stages.train import settings
+
+    s = settings(cfg)
+    assert (s["lr"], s["head"], s["tau1"], s["tau2"], s["scale"]) == (0.03, "cosine", 0.1, 2.0, 10.0)
     assert cfg.model.width == 64
     # params.yaml spells out every key, so `dvc exp run -S` can set any of them.
     assert set(cfg.flat()) == set(Config().flat())
@@ -42,7 +46,13 @@ BAD = [
     ({"method": {"buffer_size": -5}}, r"method.buffer_size = -5 .* >= 0"),
     ({"train": {"epochs": 0}}, r"train.epochs = 0"),
     ({"train": {"batch_size": 1.0}}, r"train.batch_size = 1.0"),
-    ({"train": {"lr": 0}}, r"train.lr = 0"),
+    ({"train": {"lr": 0}}, r"train.lr = 0 .* a positive number or auto"),
+    ({"train": {"lr": "fast"}}, r"train.lr = 'fast'"),
+    ({"model": {"dropout": 1.0}}, r"model.dropout = 1.0 .* \[0, 1\) or auto"),
+    ({"model": {"head": "mlp"}}, r"model.head = 'mlp' .* auto \| cosine \| linear"),
+    ({"method": {"alpha": -1}}, r"method.alpha = -1"),
+    ({"method": {"buffer_order": "max"}}, r"method.buffer_order = 'max'"),
+    ({"method": {"name": "er", "buffer_size": 0}}, r"method.buffer_size = 0 leaves er without a replay buffer"),
     ({"train": {"device": "tpu"}}, r"train.device = 'tpu' .* auto \| cpu \| cuda"),
     ({"model": {"width": -1}}, r"model.width = -1"),
     ({"seed": "x"}, r"seed = 'x'"),
