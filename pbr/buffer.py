@@ -24,8 +24,11 @@ def _check_generator(generator: torch.Generator | None, device: torch.device) ->
     return generator
 
 
-def sample_in_probability(n_steps: int, class_counts: torch.Tensor, capacity: int) -> torch.Tensor:
-    """P_N = capacity / (N + sum_i s_i w_i), w = softmax(-s), for N = 1..n_steps (float64).
+def sample_in_probability(n_steps: int, class_counts: torch.Tensor, capacity: int, start: int = 0) -> torch.Tensor:
+    """P_N = capacity / (N + sum_i s_i w_i), w = softmax(-s), for N = start+1..start+n_steps (float64).
+
+    `start` = 0 counts the steps of this walk only (the project notes' reading); the number of
+    samples walked in earlier tasks makes N count the whole stream (Mammoth's num_seen_examples).
 
     Raw P: the walk accepts with min(1, P). Empty `class_counts` (first task) gives sum 0.
     """
@@ -34,7 +37,7 @@ def sample_in_probability(n_steps: int, class_counts: torch.Tensor, capacity: in
     s = torch.as_tensor(class_counts).to(torch.float64).reshape(-1)
     # torch.softmax subtracts the max, so large counts do not underflow to 0/0.
     offset = (s * torch.softmax(-s, dim=0)).sum() if s.numel() else s.new_zeros(())
-    n = torch.arange(1, n_steps + 1, dtype=torch.float64, device=s.device)
+    n = torch.arange(start + 1, start + n_steps + 1, dtype=torch.float64, device=s.device)
     return capacity / (n + offset)
 
 
@@ -171,6 +174,7 @@ class Buffer:
         order: str = "desc",
         logits: torch.Tensor | None = None,
         candidate: str = "hold",
+        start: int = 0,
     ) -> torch.Tensor:
         """PBR's end-of-task walk over the task just learned. Returns the accept mask [B]
         (input order; an accepted sample may be overwritten later in the same walk).
@@ -203,7 +207,7 @@ class Buffer:
             perm = torch.randperm(b, generator=g, device=dev)
         else:
             perm = torch.argsort(scores, descending=order == "desc", stable=True)
-        p = sample_in_probability(b, torch.as_tensor(class_counts).to(dev), self.capacity)
+        p = sample_in_probability(b, torch.as_tensor(class_counts).to(dev), self.capacity, start)
         u = torch.rand(b, dtype=torch.float64, generator=g, device=dev)
         rand_slot = torch.randint(self.capacity, (b,), generator=g, device=dev)
         accept = u < p.clamp(max=1.0)  # walk order

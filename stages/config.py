@@ -66,7 +66,8 @@ class MethodConfig:
     tau2: float = _key(_positive, "a positive number (2 in the paper)", default=2.0)
     mc_samples: int = _key(_positive, "a positive integer (T, MC-dropout samples)", default=20)
     buffer_order: Literal["uncertain_first", "certain_first", "random"] = "uncertain_first"
-    walk_candidate: Literal["hold", "advance"] = "hold"
+    walk_candidate: Literal["advance", "hold"] = "advance"
+    walk_count: Literal["task", "stream"] = "task"
     replay_ce: bool = True
 
 

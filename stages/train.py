@@ -43,6 +43,7 @@ def settings(cfg: Config) -> dict:
         "beta": r("beta", m.beta) or 0.0, "head": r("head", mo.head), "dropout": r("dropout", mo.dropout),
         "buffer_size": m.buffer_size if cls.uses_buffer else 0, "tau1": m.tau1, "tau2": m.tau2,
         "mc_samples": m.mc_samples, "buffer_order": m.buffer_order, "walk_candidate": m.walk_candidate,
+        "walk_count": m.walk_count,
         "replay_ce": m.replay_ce, "width": mo.width, "scale": mo.scale, "epochs": t.epochs,
         "batch_size": t.batch_size, "replay_batch_size": t.replay_batch_size,
         "eval_batch_size": t.eval_batch_size, "seed": cfg.seed,
@@ -164,7 +165,7 @@ def run(cfg: Config, log=print) -> dict:
     opts = Options(lr=s["lr"], buffer_size=max(s["buffer_size"], 1), alpha=s["alpha"], beta=s["beta"],
                    tau1=s["tau1"], tau2=s["tau2"], mc_samples=s["mc_samples"],
                    buffer_order={"uncertain_first": "desc", "certain_first": "asc", "random": "random"}[
-                       s["buffer_order"]], candidate=s["walk_candidate"], replay_ce=s["replay_ce"])
+                       s["buffer_order"]], candidate=s["walk_candidate"], walk_count=s["walk_count"], replay_ce=s["replay_ce"])
     method = METHODS[s["method"]](net, ctx, opts)
 
     n_tasks = manifest["n_tasks"]

@@ -46,7 +46,8 @@ class Options:
     tau2: float = 2.0
     mc_samples: int = 20
     buffer_order: str = "desc"
-    candidate: str = "hold"
+    candidate: str = "advance"
+    walk_count: str = "task"
     replay_ce: bool = True
 
 

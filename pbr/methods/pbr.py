@@ -70,9 +70,11 @@ class PBR(ContinualMethod):
         seen = self.ctx.seen_classes(task)
         mi, _ = score_images(self.net, images, self.opts.mc_samples, self.opts.tau1, self.ctx.eval_batch_size,
                              self.ctx.preprocess, self.ctx.generator, classes=seen)
+        # N of the sample-in probability: this walk's steps ("task") or the whole stream so far.
+        start = int(self.class_counts.sum()) if self.opts.walk_count == "stream" else 0
         self.buffer.uncertainty_walk(images, labels, torch.full_like(labels, task), mi, before,
                                      self.ctx.generator, order=self.opts.buffer_order,
-                                     candidate=self.opts.candidate)
+                                     candidate=self.opts.candidate, start=start)
         self.class_counts += torch.bincount(labels.cpu(), minlength=self.ctx.n_classes).double()
         self.snapshot_teacher()
 
