@@ -173,7 +173,7 @@ class Buffer:
         generator: torch.Generator,
         order: str = "desc",
         logits: torch.Tensor | None = None,
-        candidate: str = "hold",
+        candidate: str = "advance",
         start: int = 0,
     ) -> torch.Tensor:
         """PBR's end-of-task walk over the task just learned. Returns the accept mask [B]
@@ -185,9 +185,9 @@ class Buffer:
         running counts of the classes seen before this task. Accepted samples fill free slots
         in walk order, then each replaces a uniformly random slot.
 
-        `candidate`: "hold" (default, the paper's text: a rejected candidate stays the candidate
-        for the next step, so the k-th acceptance stores the k-th sample in walk order) or
-        "advance" (every step moves on to the next sample). With "advance" and a full buffer the
+        `candidate`: "advance" (default, the project notes: every step moves on to the next
+        sample) or "hold" (the paper's text: a rejected candidate stays the candidate for the
+        next step, so the k-th acceptance stores the k-th sample in walk order). With "advance" and a full buffer the
         walk keeps each sample with probability capacity / (n + offset) whatever its position:
         the product of acceptance and survival telescopes, so the MI order has no effect.
 
