@@ -85,23 +85,53 @@ def score_images(
     The backbone runs in eval mode (BN uses running statistics); only the head is sampled.
     Images move to the net's device batch by batch, as uint8, before `preprocess`.
     """
+    mi, ent, _ = score_and_predict(net, images_uint8, T, tau, batch_size, preprocess, generator, classes)
+    return mi, ent
+
+
+def score_and_predict(
+    net: Net,
+    images_uint8: torch.Tensor,
+    T: int,
+    tau: float,
+    batch_size: int,
+    preprocess: Callable[[torch.Tensor], torch.Tensor],
+    generator: torch.Generator,
+    classes: torch.Tensor | None = None,
+    dropout: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """score_images plus the deterministic prediction (dropout off, argmax over `classes`, as
+    original class indices). `dropout` overrides the head's rate for the MC passes only (MC
+    dropout on a network trained without dropout)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     device = next(net.parameters()).device
     was_training = net.training
+    saved_p = net.head.p
     net.eval()
-    mis, ents = [], []
+    mis, ents, preds = [], [], []
     try:
         with torch.inference_mode():
             for start in range(0, images_uint8.shape[0], batch_size):
                 x = images_uint8[start : start + batch_size].to(device, non_blocking=True)
-                probs = mc_probs(net, net.features(preprocess(x)), T, tau, generator, classes)
+                feats = net.features(preprocess(x))
+                logits = net.classify(feats)
+                if classes is not None:
+                    pred = classes.to(device)[logits.index_select(1, classes.to(device)).argmax(1)]
+                else:
+                    pred = logits.argmax(1)
+                if dropout is not None:
+                    net.head.p = dropout
+                probs = mc_probs(net, feats, T, tau, generator, classes)
+                net.head.p = saved_p
                 mi, ent = mutual_information(probs)
                 mis.append(mi)
                 ents.append(ent)
+                preds.append(pred)
     finally:
+        net.head.p = saved_p
         net.train(was_training)
     if not mis:
         empty = torch.empty(0, device=device)
-        return empty, empty.clone()
-    return torch.cat(mis), torch.cat(ents)
+        return empty, empty.clone(), torch.empty(0, dtype=torch.int64, device=device)
+    return torch.cat(mis), torch.cat(ents), torch.cat(preds)

@@ -23,22 +23,63 @@ def _root() -> None:
 ParamsOpt = typer.Option(Path("params.yaml"), "--params", "-p", help="Parameters file.")
 
 
+def _stage(name: str, params: Path) -> None:
+    """Run one pipeline stage inside the pipeline execution's MLflow run."""
+    import importlib
+
+    from stages import tracking
+    from stages.config import load_config
+
+    cfg = load_config(params)
+    module = importlib.import_module(f"stages.{name}")
+    with tracking.stage_run(name, cfg.flat(), params) as run:
+        module.run(cfg, tracker=run)
+
+
 @app.command()
 def prepare(params: Path = ParamsOpt) -> None:
     """Build the long-tailed continual dataset into data/prepared/ (parquet shards + manifest)."""
-    from stages import prepare as stage
-    from stages.config import load_config
-
-    stage.run(load_config(params))
+    _stage("prepare", params)
 
 
 @app.command()
 def train(params: Path = ParamsOpt) -> None:
     """Train the tasks in turn; save each task's model, buffer and accuracy row (resumable)."""
-    from stages import train as stage
-    from stages.config import load_config
+    _stage("train", params)
 
-    stage.run(load_config(params))
+
+@app.command()
+def score(params: Path = ParamsOpt) -> None:
+    """MC-dropout mutual information, entropy and forgetting of every sample (artifacts/score/)."""
+    _stage("score", params)
+
+
+@app.command()
+def evaluate(params: Path = ParamsOpt) -> None:
+    """ACC, BWT, forgetting, minority-task accuracy, weight norms, buffer histograms (reports/)."""
+    _stage("evaluate", params)
+
+
+@app.command()
+def report(
+    metric: str = typer.Option("acc", "--metric", help="Which metric fills the cells: acc | bwt | forgetting."),
+    experiment: str = typer.Option(None, "--experiment",
+                                   help="MLflow experiment to read (default: $MLFLOW_EXPERIMENT_NAME, else pbr)."),
+    csv: Path = typer.Option(Path("reports/report.csv"), "--csv", help="CSV to write (one row per group)."),
+    tracking_uri: str | None = typer.Option(
+        None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite mlflow.db at the repository root)."),
+    markdown: Path | None = typer.Option(None, "--markdown", help="Also write the tables to this file."),
+) -> None:
+    """The paper's tables from finished runs in MLflow: mean ± std over seeds, paper numbers beside."""
+    from stages import report as stage
+    from stages.tracking import experiment_name
+
+    out = stage.run(tracking_uri=tracking_uri, experiment=experiment or experiment_name(), metric=metric, csv_path=csv,
+                    markdown_path=markdown)
+    typer.echo(out.text, nl=False)
+    if out.csv_path is not None:
+        typer.echo(f"\nwrote {out.csv_path}" + (f" and {out.markdown_path}" if out.markdown_path else ""),
+                   err=True)
 
 
 def main() -> None:

@@ -90,12 +90,21 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class ScoreConfig:
+    # MC dropout needs a dropout rate: "auto" uses the trained one, or 0.1 for a net trained without.
+    dropout: float | Auto = _key(lambda v: 0 < v < 1, "a number in (0, 1) or auto", default="auto")
+    # softmax temperature of the MC probabilities: "auto" = method.tau1 for the cosine head, 1 for linear.
+    temperature: float | Auto = _key(_positive, "a positive number or auto", default="auto")
+
+
+@dataclass(frozen=True)
 class Config:
     seed: int = 0
     data: DataConfig = field(default_factory=DataConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    score: ScoreConfig = field(default_factory=ScoreConfig)
 
     @property
     def n_classes(self) -> int:

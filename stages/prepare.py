@@ -33,7 +33,7 @@ def count_tables(manifest: dict) -> tuple[list[dict], list[dict]]:
     return per_class, per_task
 
 
-def run(cfg: Config, log=print) -> dict:
+def run(cfg: Config, log=print, tracker=None) -> dict:
     from pbr.data.longtail import build_stream
     from pbr.data.shards import write_prepared
     from pbr.data.sources import load_raw
@@ -53,6 +53,14 @@ def run(cfg: Config, log=print) -> dict:
     per_class, per_task = count_tables(manifest)
     artifacts.write_text(paths.PREPARE_PLOTS / "class_counts.csv", _csv(per_class))
     artifacts.write_text(paths.PREPARE_PLOTS / "task_counts.csv", _csv(per_task))
+    if tracker is not None:
+        from pbr.data.shards import manifest_hash
+
+        tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED),
+                          "pbr.raw_sha256": manifest["raw"]["content_sha256"]})
+        tracker.log_series([(t, {"data.task_train_count": n}) for t, n in enumerate(manifest["task_train_counts"])])
+        for f in ("class_counts.csv", "task_counts.csv"):
+            tracker.log_artifact(paths.PREPARE_PLOTS / f, "prepare")
     log(f"wrote {paths.PREPARED}: {stream.n_tasks} tasks, train sizes {manifest['task_train_counts']}, "
         f"{len(manifest['shards'])} shards ({time.perf_counter() - t0:.1f}s)")
     return manifest

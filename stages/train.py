@@ -122,6 +122,18 @@ def _save_task(out: Path, k: int, net, method, s: dict, rows: dict, epochs: list
                     "rows": rows, "epochs": epochs}, tmp / STATE)
 
 
+def _track_task(tracker, k: int, rows: dict, epochs_log: list, epochs: int) -> None:
+    """Per-epoch training loss/accuracy (step = global epoch) and per-task accuracy (step = task)."""
+    if tracker is None:
+        return
+    tracker.log_series([(k * epochs + e["epoch"], {"train.loss": e["loss"], "train.accuracy": 100 * e["accuracy"]})
+                        for e in epochs_log[k]])
+    seen = k + 1
+    tracker.log_metrics({"class_il.seen_acc": sum(rows["class_il"][k][:seen]) / seen,
+                         "task_il.seen_acc": sum(rows["task_il"][k][:seen]) / seen,
+                         "class_il.task_acc_own": rows["class_il"][k][k]}, step=k)
+
+
 def _finished_tasks(out: Path, n_tasks: int) -> int:
     k = 0
     while k < n_tasks and (out / f"task_{k:02d}" / STATE).is_file():
@@ -129,7 +141,7 @@ def _finished_tasks(out: Path, n_tasks: int) -> int:
     return k
 
 
-def run(cfg: Config, log=print) -> dict:
+def run(cfg: Config, log=print, tracker=None) -> dict:
     import torch
 
     from pbr import metrics
@@ -149,6 +161,11 @@ def run(cfg: Config, log=print) -> dict:
     if run_file.is_file() and json.loads(run_file.read_text()).get("fingerprint") != fp:
         log(f"{out}: settings, data or code changed since the saved tasks; starting over")
         shutil.rmtree(out)
+    if tracker is not None:
+        from pbr.data.shards import manifest_hash
+
+        tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED), "pbr.device": str(device),
+                          **{f"resolved.{k}": v for k, v in s.items()}})
     artifacts.write_text(run_file, json.dumps({"fingerprint": fp, "settings": s, "device": str(device),
                                                "n_tasks": manifest["n_tasks"]}, indent=1))
 
@@ -183,6 +200,8 @@ def run(cfg: Config, log=print) -> dict:
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         rows, epochs_log = state["rows"], state["epochs"]
         log(f"resuming after task {start} of {n_tasks} (finished tasks are kept in {out})")
+        for k in range(start):  # this run gets the finished tasks' records too
+            _track_task(tracker, k, rows, epochs_log, s["epochs"])
 
     t_all = time.perf_counter()
     for k in range(start, n_tasks):
@@ -200,6 +219,7 @@ def run(cfg: Config, log=print) -> dict:
         rows["task_il"].append(t_row)
         epochs_log.append([{"epoch": e.epoch, "loss": e.loss, "accuracy": e.accuracy} for e in stats])
         _save_task(out, k, net, method, s, rows, epochs_log, ctx, manifest)
+        _track_task(tracker, k, rows, epochs_log, s["epochs"])
         log(f"task {k + 1}/{n_tasks} done: Class-IL {[round(a, 2) for a in c_row[: k + 1]]}, "
             f"Task-IL {[round(a, 2) for a in t_row[: k + 1]]}")
 
@@ -211,6 +231,8 @@ def run(cfg: Config, log=print) -> dict:
         "settings": s,
     }
     artifacts.write_text(out / "accuracy.json", json.dumps(summary, indent=1))
+    if tracker is not None:
+        tracker.log_artifact(out / "accuracy.json", "train")
     log(f"trained {n_tasks - start} task(s) in {time.perf_counter() - t_all:.0f}s: "
         f"Class-IL ACC {summary['class_il']['acc']:.2f} BWT {summary['class_il']['bwt']:.2f} | "
         f"Task-IL ACC {summary['task_il']['acc']:.2f} BWT {summary['task_il']['bwt']:.2f}")

@@ -1,0 +1,133 @@
+"""`pbr evaluate`: the accuracy matrices and per-task snapshots written by train -> metrics and plots.
+
+reports/metrics.json (for `dvc metrics show` / `dvc exp show`): ACC, BWT, forgetting and the
+minority tasks' accuracy for Class-IL and Task-IL, in percent like the paper. Beside it under
+reports/eval/: the matrices as CSV, the per-class classifier weight norms and buffer class
+histograms after each task, and PNG renderings.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+from pbr.errors import UserError
+from stages import artifacts, paths, plots
+
+
+def _csv(rows: list[dict]) -> str:
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return out.getvalue()
+
+
+def minority_tasks(task_sizes: list[int]) -> list[int]:
+    """The smaller half of the tasks by training size (ceil(T/2) tasks): tasks 3-5 of
+    Seq-CIFAR-10-LT ordered, as in the paper's Table 4; mixed tasks when shuffled."""
+    k = math.ceil(len(task_sizes) / 2)
+    return sorted(sorted(range(len(task_sizes)), key=lambda t: (task_sizes[t], -t))[:k])
+
+
+def scenario_metrics(matrix: list[list[float]], minority: list[int]) -> dict[str, float]:
+    from pbr import metrics
+
+    last = matrix[-1]
+    return {"acc": metrics.acc(matrix), "bwt": metrics.bwt(matrix), "forgetting": metrics.forgetting(matrix),
+            "minority_acc": sum(last[t] for t in minority) / len(minority)}
+
+
+def _head_norms(model_path) -> list[float]:
+    import torch
+
+    state = torch.load(model_path, map_location="cpu", weights_only=False)["state_dict"]
+    return state["head.weight"].norm(dim=1).tolist()
+
+
+def _buffer_hist(path, n_classes: int) -> list[int]:
+    if not path.is_file():
+        return [0] * n_classes
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    labels = pq.read_table(path, columns=["label"]).column("label").to_numpy()
+    return np.bincount(labels, minlength=n_classes).tolist()
+
+
+def dvc_lock_hashes(lock_path=paths.DVC_LOCK) -> dict[str, str]:
+    """md5 of every DVC output recorded so far: how MLflow links to models, buffers and shards."""
+    import yaml
+
+    if not lock_path.is_file():
+        return {}
+    lock = yaml.safe_load(lock_path.read_text()) or {}
+    return {f"dvc.md5.{o['path']}": o.get("md5", "") for st in (lock.get("stages") or {}).values()
+            for o in st.get("outs", []) or []}
+
+
+def run(cfg, log=print, tracker=None) -> dict:
+    from pbr.data.shards import load_manifest
+
+    acc_path = paths.TRAIN / "accuracy.json"
+    if not acc_path.is_file():
+        raise UserError(f"{acc_path} is missing: training has not finished; run `dvc repro train`")
+    summary = json.loads(acc_path.read_text())
+    manifest = load_manifest(paths.PREPARED)
+    n_tasks, n_classes = manifest["n_tasks"], manifest["n_classes"]
+    minority = minority_tasks(manifest["task_train_counts"])
+    out = paths.EVAL
+
+    result = {"method": summary["settings"]["method"], "n_tasks": n_tasks, "minority_tasks": minority}
+    for scen in ("class_il", "task_il"):
+        m = summary[scen]["matrix"]
+        result[scen] = scenario_metrics(m, minority)
+        result[scen]["final_per_task"] = m[-1]
+        rows = [{"after_task": j, **{f"task_{i}": round(v, 4) for i, v in enumerate(r)}} for j, r in enumerate(m)]
+        artifacts.write_text(out / f"{scen}_matrix.csv", _csv(rows))
+    curve = [{"after_task": j,
+              "class_il": round(sum(summary["class_il"]["matrix"][j][: j + 1]) / (j + 1), 4),
+              "task_il": round(sum(summary["task_il"]["matrix"][j][: j + 1]) / (j + 1), 4)} for j in range(n_tasks)]
+    artifacts.write_text(out / "accuracy_curve.csv", _csv(curve))
+
+    norms = [_head_norms(paths.TRAIN / f"task_{k:02d}" / "model.pt") for k in range(n_tasks)]
+    hist = [_buffer_hist(paths.TRAIN / f"task_{k:02d}" / "buffer.parquet", n_classes) for k in range(n_tasks)]
+    artifacts.write_text(out / "weight_norms.csv", _csv(
+        [{"after_task": k, "class": c, "norm": round(v, 6)} for k in range(n_tasks) for c, v in enumerate(norms[k])]))
+    artifacts.write_text(out / "weight_norms_final.csv", _csv(
+        [{"class": c, "norm": round(v, 6)} for c, v in enumerate(norms[-1])]))
+    artifacts.write_text(out / "buffer_histogram.csv", _csv(
+        [{"after_task": k, "class": c, "count": v} for k in range(n_tasks) for c, v in enumerate(hist[k])]))
+    artifacts.write_text(out / "buffer_final.csv", _csv([{"class": c, "count": v} for c, v in enumerate(hist[-1])]))
+
+    plots.heatmaps({"Class-IL": summary["class_il"]["matrix"], "Task-IL": summary["task_il"]["matrix"]},
+                   out / "matrices.png")
+    plots.task_curves(summary["class_il"]["matrix"], "Class-IL accuracy of each task", out / "class_il_curves.png")
+    plots.bars_by_task(norms, "||w_c||", "Classifier weight norm per class (biased prototypes)",
+                       out / "weight_norms.png")
+    plots.bars_by_task(hist, "samples in buffer", "Buffer class histogram after each task",
+                       out / "buffer_histogram.png")
+
+    metrics_json = {s: {k: round(v, 4) for k, v in result[s].items() if k != "final_per_task"}
+                    for s in ("class_il", "task_il")}
+    metrics_json["class_il"]["final_per_task"] = [round(v, 4) for v in result["class_il"]["final_per_task"]]
+    metrics_json["task_il"]["final_per_task"] = [round(v, 4) for v in result["task_il"]["final_per_task"]]
+    artifacts.write_text(paths.METRICS, json.dumps(metrics_json, indent=1))
+
+    if tracker is not None:
+        flat = {f"{s}.{k}": v for s in ("class_il", "task_il") for k, v in result[s].items() if k != "final_per_task"}
+        tracker.log_metrics(flat)
+        tracker.log_series([(t, {"class_il.final_task_acc": result["class_il"]["final_per_task"][t],
+                                 "task_il.final_task_acc": result["task_il"]["final_per_task"][t]})
+                            for t in range(n_tasks)])
+        tracker.log_artifact(paths.METRICS, "evaluate")
+        for f in sorted(out.iterdir()):
+            if f.suffix in (".csv", ".png"):
+                tracker.log_artifact(f, "evaluate")
+        tracker.set_tags({**dvc_lock_hashes(), "pbr.complete": "true"})
+    log(f"Class-IL ACC {result['class_il']['acc']:.2f} BWT {result['class_il']['bwt']:.2f} "
+        f"forgetting {result['class_il']['forgetting']:.2f} minority {result['class_il']['minority_acc']:.2f} | "
+        f"Task-IL ACC {result['task_il']['acc']:.2f} BWT {result['task_il']['bwt']:.2f}")
+    return result

@@ -1,0 +1,376 @@
+"""`pbr report`: the paper's tables from the finished runs in MLflow.
+
+One table per (data.setting, data.imbalance_ratio): methods in rows (with the buffer size as the
+first column), each dataset's Class-IL and Task-IL in columns, every cell "mean ± std (n=runs)"
+over seeds, with the paper's number beside it where the paper has one. Printed as markdown,
+written as CSV (one row per cell group) and optionally as a markdown file.
+
+Only runs with status FINISHED and the tag pbr.complete = "true" count. Runs of one group with the
+same seed and the same settings are repeats: the newest one is used. Runs of one group that differ
+in a setting other than the seed are averaged together, and a note under the table says so.
+mlflow is imported only when the store is read.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from pbr.errors import UserError
+
+METRICS = ("acc", "bwt", "forgetting")
+DEFAULT_EXPERIMENT = "pbr"
+DEFAULT_CSV = Path("reports/report.csv")
+COMPLETE_TAG = "pbr.complete"
+
+DATASETS = {"cifar10": "Seq-CIFAR-10-LT", "cifar100": "Seq-CIFAR-100-LT",
+            "tinyimagenet": "Seq-TinyImageNet-LT"}
+METHODS = {"joint": "JOINT", "sgd": "SGD", "er": "ER", "der": "DER", "derpp": "DER++", "pbr": "PBR"}
+NO_BUFFER = ("sgd", "joint")  # no rehearsal: their buffer column is "-"
+SETTINGS = ("ordered", "shuffled")
+# Params that do not change a run's results: runs differing only in these are not flagged.
+IGNORED_PARAMS = frozenset({"seed", "data.root", "data.download", "data.shard_mb", "train.device",
+                            "train.eval_batch_size"})
+CSV_COLUMNS = ("setting", "imbalance_ratio", "dataset", "method", "buffer_size", "n_runs",
+               "class_il_mean", "class_il_std", "task_il_mean", "task_il_std",
+               "paper_class_il", "paper_task_il", "metric", "n_tasks", "paper_n_tasks")
+
+
+def _default_uri() -> str:
+    from stages.tracking import tracking_uri
+
+    return tracking_uri()
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the report needs of one MLflow run."""
+
+    run_id: str
+    params: dict[str, str]
+    metrics: dict[str, float]
+    start_time: int = 0
+
+
+@dataclass
+class Group:
+    """The runs of one cell group: (setting, IR, dataset, n_tasks, method label, buffer)."""
+
+    setting: str
+    imbalance_ratio: float
+    dataset: str
+    n_tasks: int | None
+    method: str
+    buffer_size: int | None
+    runs: list[RunRecord] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def values(self, mode: str, metric: str) -> list[float]:
+        key = f"{mode}.{metric}"
+        return [r.metrics[key] for r in self.runs if key in r.metrics]
+
+    def stats(self, mode: str, metric: str) -> tuple[float, float, int] | None:
+        """(mean, sample std (0 for one run), n) of `mode.metric`, None when no run has it."""
+        v = self.values(mode, metric)
+        if not v:
+            return None
+        return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0), len(v)
+
+    def paper(self) -> tuple[float | None, float | None]:
+        from stages.paper_results import PAPER_RESULTS
+
+        return PAPER_RESULTS.get((self.setting, self.imbalance_ratio, self.dataset, self.method,
+                                  self.buffer_size), (None, None))
+
+    def paper_n_tasks(self) -> int | None:
+        from stages.paper_results import PAPER_N_TASKS
+
+        return PAPER_N_TASKS.get((self.setting, self.dataset))
+
+    def describe(self) -> str:
+        buf = "" if self.buffer_size is None else f", buffer {self.buffer_size}"
+        return f"{self.method}{buf}, {_dataset_header(self.dataset, self.n_tasks)}"
+
+
+@dataclass
+class Report:
+    text: str                    # the markdown (or the "no runs" message) to print
+    groups: list[Group]
+    csv_path: Path | None = None
+    markdown_path: Path | None = None
+
+
+# --------------------------------------------------------------------------- labels
+
+def method_label(params: dict[str, str]) -> str:
+    """The row label as the paper writes it: SGD, JOINT, ER, DER, DER++, PBR, plus variants,
+    e.g. "PBR (random)" (buffer_order random), "PBR (linear)" (model.head linear)."""
+    name = params.get("method.name", "")
+    variants = []
+    if name == "pbr":
+        order = params.get("method.buffer_order", "uncertain_first")
+        if order == "random":
+            variants.append("random")
+        elif order == "certain_first":
+            variants.append("certain-first")
+    head = params.get("model.head", "auto")
+    default_head = "cosine" if name == "pbr" else "linear"
+    if head not in ("auto", default_head):
+        variants.append(head)
+    label = METHODS.get(name, name)
+    return f"{label} ({', '.join(variants)})" if variants else label
+
+
+def buffer_of(params: dict[str, str]) -> int | None:
+    """The buffer size of a rehearsal method; None for sgd/joint."""
+    if params.get("method.name") in NO_BUFFER:
+        return None
+    return int(params["method.buffer_size"])
+
+
+def _fmt_ir(ir: float) -> str:
+    return f"{ir:g}"
+
+
+def _dataset_header(dataset: str, n_tasks: int | None) -> str:
+    name = DATASETS.get(dataset, dataset)
+    return name if n_tasks is None else f"{name} ({n_tasks} tasks)"
+
+
+# --------------------------------------------------------------------------- reading MLflow
+
+def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> list[RunRecord] | None:
+    """Finished, complete runs of `experiment`. None when there is no store or no such experiment.
+
+    Raises UserError when the store exists but cannot be read."""
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):].split("?", 1)[0])
+        if not db.is_file():  # do not let MlflowClient create an empty store
+            return None
+    try:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri)
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            return None
+        found, token = [], None
+        while True:
+            page = client.search_runs(
+                [exp.experiment_id],
+                filter_string=f"attributes.status = 'FINISHED' and tags.`{COMPLETE_TAG}` = 'true'",
+                max_results=1000, page_token=token)
+            found.extend(page)
+            token = page.token
+            if not token:
+                break
+    except Exception as e:  # a store that cannot be opened fails in many ways
+        msg = " ".join(str(e).split())[:160]
+        raise UserError(f"MLflow store {tracking_uri} cannot be opened ({type(e).__name__}: {msg}); "
+                        f"check --tracking-uri / MLFLOW_TRACKING_URI") from None
+    return [RunRecord(r.info.run_id, dict(r.data.params), dict(r.data.metrics), r.info.start_time or 0)
+            for r in found
+            if r.info.status == "FINISHED" and r.data.tags.get(COMPLETE_TAG) == "true"]
+
+
+# --------------------------------------------------------------------------- grouping
+
+def _signature(params: dict[str, str]) -> tuple:
+    drop = set(IGNORED_PARAMS)
+    if params.get("method.name") in NO_BUFFER:
+        drop.add("method.buffer_size")
+    return tuple(sorted((k, v) for k, v in params.items() if k not in drop))
+
+
+def group_runs(runs: Iterable[RunRecord]) -> tuple[list[Group], list[str]]:
+    """Cell groups in table order, and notes on runs that were left out."""
+    groups: dict[tuple, Group] = {}
+    skipped: list[str] = []
+    for r in runs:
+        p = r.params
+        try:
+            setting, dataset, name = p["data.setting"], p["data.dataset"], p["method.name"]
+            ir = round(float(p["data.imbalance_ratio"]), 6)
+            n_tasks = int(p["data.n_tasks"]) if "data.n_tasks" in p else None
+            buf = buffer_of(p)
+        except (KeyError, ValueError) as e:
+            skipped.append(f"run {r.run_id} left out: param {e} missing or not a number")
+            continue
+        label = method_label(p)
+        key = (setting, ir, dataset, n_tasks, label, buf)
+        groups.setdefault(key, Group(setting, ir, dataset, n_tasks, label, buf)).runs.append(r)
+
+    for g in groups.values():
+        # Repeats: same seed and same settings -> the newest run.
+        newest: dict[tuple, RunRecord] = {}
+        for r in sorted(g.runs, key=lambda r: r.start_time):
+            newest[(r.params.get("seed"), _signature(r.params))] = r
+        if len(newest) < len(g.runs):
+            g.notes.append(f"{g.describe()}: {len(g.runs) - len(newest)} older run(s) repeating a seed "
+                           f"with the same settings left out")
+        g.runs = sorted(newest.values(), key=lambda r: (r.params.get("seed", ""), r.start_time))
+        # Mixed settings: say which params differ.
+        keys = set().union(*(dict(_signature(r.params)) for r in g.runs))
+        differ = []
+        for k in sorted(keys):
+            vals = sorted({r.params.get(k, "<unset>") for r in g.runs})
+            if len(vals) > 1:
+                differ.append(f"{k} ({', '.join(vals[:4])}{', ...' if len(vals) > 4 else ''})")
+        if differ:
+            g.notes.append(f"{g.describe()}: runs averaged together differ in {'; '.join(differ)}")
+
+    return sorted(groups.values(), key=_group_order), skipped
+
+
+def _setting_rank(s: str) -> tuple:
+    return (SETTINGS.index(s) if s in SETTINGS else len(SETTINGS), s)
+
+
+def _row_order(method: str, buffer: int | None) -> tuple:
+    base, _, variant = method.partition(" (")
+    names = list(METHODS.values())
+    rank = names.index(base) if base in names else len(names)
+    if base == "PBR":  # the paper's order: Ours - Random, then Ours, then the ablations
+        vrank = {"random)": 0, "": 1}.get(variant, 2)
+    else:
+        vrank = 0 if not variant else 1
+    return (buffer is not None, buffer or 0, rank, base, vrank, variant)
+
+
+def _col_order(dataset: str, n_tasks: int | None) -> tuple:
+    names = list(DATASETS)
+    return (names.index(dataset) if dataset in names else len(names), dataset, n_tasks or 0)
+
+
+def _group_order(g: Group) -> tuple:
+    return (_setting_rank(g.setting), g.imbalance_ratio, _row_order(g.method, g.buffer_size),
+            _col_order(g.dataset, g.n_tasks))
+
+
+# --------------------------------------------------------------------------- output
+
+def _cell(g: Group | None, mode: str, metric: str, paper: float | None, paper_tasks: int | None,
+          n_tasks: int | None) -> str:
+    s = g.stats(mode, metric) if g is not None else None
+    text = "-" if s is None else f"{s[0]:.2f} ± {s[1]:.2f} (n={s[2]})"
+    if paper is not None:
+        other = paper_tasks is not None and n_tasks is not None and paper_tasks != n_tasks
+        text += f" [paper {paper:.2f}{f', {paper_tasks} tasks' if other else ''}]"
+    return text
+
+
+def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[str] = ()) -> str:
+    """One markdown table per (setting, IR); notes under each table."""
+    from stages.paper_results import PAPER_N_TASKS, PAPER_RESULTS
+
+    what = {"acc": "final average accuracy", "bwt": "backward transfer",
+            "forgetting": "forgetting"}[metric]
+    out = [f"# {metric.upper()} (%, {what}): mean ± std over seeds (n = runs)"]
+    if metric == "acc":
+        out.append("[paper X] is the published number (mean of 5 runs); "
+                   "[paper X, N tasks] where the paper used another number of tasks.")
+    tables: dict[tuple, list[Group]] = {}
+    for g in groups:
+        tables.setdefault((g.setting, g.imbalance_ratio), []).append(g)
+    for (setting, ir), gs in sorted(tables.items(), key=lambda kv: (_setting_rank(kv[0][0]), kv[0][1])):
+        cols = sorted({(g.dataset, g.n_tasks) for g in gs}, key=lambda c: _col_order(*c))
+        rows = sorted({(g.method, g.buffer_size) for g in gs}, key=lambda r: _row_order(*r))
+        by_key = {(g.method, g.buffer_size, g.dataset, g.n_tasks): g for g in gs}
+        header = ["Buffer", "Method"]
+        for d, n in cols:
+            header += [f"{_dataset_header(d, n)} Class-IL", f"{_dataset_header(d, n)} Task-IL"]
+        out += ["", f"## {setting}, IR {_fmt_ir(ir)}", "",
+                "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for method, buf in rows:
+            line = ["-" if buf is None else str(buf), method]
+            for d, n in cols:
+                g = by_key.get((method, buf, d, n))
+                pc, pt = (PAPER_RESULTS.get((setting, ir, d, method, buf), (None, None))
+                          if metric == "acc" else (None, None))
+                ptasks = PAPER_N_TASKS.get((setting, d))
+                line += [_cell(g, "class_il", metric, pc, ptasks, n),
+                         _cell(g, "task_il", metric, pt, ptasks, n)]
+            out.append("| " + " | ".join(line) + " |")
+        notes = [note for g in gs for note in g.notes]
+        if notes:
+            out += [""] + [f"- note: {note}" for note in notes]
+    skipped = list(skipped)
+    if skipped:
+        out += [""] + [f"- note: {s}" for s in skipped]
+    return "\n".join(out) + "\n"
+
+
+def _num(x: float | None) -> str:
+    return "" if x is None else f"{x:.4f}"
+
+
+def csv_rows(groups: list[Group], metric: str = "acc") -> list[dict[str, str]]:
+    rows = []
+    for g in groups:
+        c, t = g.stats("class_il", metric), g.stats("task_il", metric)
+        pc, pt = g.paper() if metric == "acc" else (None, None)
+        rows.append({
+            "setting": g.setting, "imbalance_ratio": _fmt_ir(g.imbalance_ratio), "dataset": g.dataset,
+            "method": g.method, "buffer_size": "" if g.buffer_size is None else str(g.buffer_size),
+            "n_runs": str(len(g.runs)),
+            "class_il_mean": _num(c and c[0]), "class_il_std": _num(c and c[1]),
+            "task_il_mean": _num(t and t[0]), "task_il_std": _num(t and t[1]),
+            "paper_class_il": _num(pc), "paper_task_il": _num(pt), "metric": metric,
+            "n_tasks": "" if g.n_tasks is None else str(g.n_tasks),
+            "paper_n_tasks": "" if g.paper_n_tasks() is None else str(g.paper_n_tasks()),
+        })
+    return rows
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_csv(groups: list[Group], path: Path, metric: str = "acc") -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(csv_rows(groups, metric))
+    _write_atomic(path, buf.getvalue())
+
+
+def no_runs_message(tracking_uri: str, experiment: str) -> str:
+    return (f"No finished pipeline runs in MLflow experiment '{experiment}' at {tracking_uri}: "
+            f"produce some with `dvc repro` (or `dvc exp run`), then run `pbr report` again.")
+
+
+def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, metric: str = "acc",
+        csv_path: Path | None = DEFAULT_CSV, markdown_path: Path | None = None) -> Report:
+    """Build the report; write the CSV (and markdown file) when there are runs. Prints nothing."""
+    if metric not in METRICS:
+        raise UserError(f"--metric {metric}: not one of {', '.join(METRICS)}")
+    uri = tracking_uri or _default_uri()
+    runs = collect_runs(uri, experiment)
+    groups, skipped = group_runs(runs or [])
+    if not groups:
+        text = no_runs_message(uri, experiment)
+        if skipped:
+            text += f" ({len(skipped)} complete run(s) lack data.* / method.* params.)"
+        return Report(text + "\n", [])
+    text = render_markdown(groups, metric, skipped)
+    if csv_path is not None:
+        write_csv(groups, Path(csv_path), metric)
+    if markdown_path is not None:
+        _write_atomic(Path(markdown_path), text)
+    return Report(text, groups, Path(csv_path) if csv_path is not None else None,
+                  Path(markdown_path) if markdown_path is not None else None)

@@ -1,0 +1,128 @@
+"""`pbr score`: MC-dropout mutual information and predictive entropy of every training and test
+sample, and whether it was forgotten (right after its own task, wrong at the end).
+
+Each sample is scored by the model of the end of its own task (its uncertainty when learned)
+and by the final model. Output: artifacts/score/scores.parquet; per-class summaries and the
+paper's motivation plots (uncertainty against class frequency; forgotten against kept samples
+by uncertainty) under reports/score/.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from stages import artifacts, paths, plots
+
+
+def _csv(rows: list[dict]) -> str:
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return out.getvalue()
+
+
+def load_net(path, device):
+    import torch
+
+    from pbr.models import Net
+
+    saved = torch.load(path, map_location=device, weights_only=False)
+    net = Net(saved["n_classes"], saved["width"], saved["head"], saved["scale"], saved["dropout"]).to(device)
+    net.load_state_dict(saved["state_dict"])
+    return net, saved
+
+
+def run(cfg, log=print, tracker=None) -> dict:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    from pbr.data.augment import MEAN_STD, normalize
+    from pbr.data.shards import load_manifest, read_split
+    from pbr.errors import UserError
+    from pbr.uncertainty import score_and_predict
+    from stages.train import resolve_device
+
+    manifest = load_manifest(paths.PREPARED)
+    n_tasks = manifest["n_tasks"]
+    last = paths.TRAIN / f"task_{n_tasks - 1:02d}" / "model.pt"
+    if not last.is_file():
+        raise UserError(f"{last} is missing: training has not finished; run `dvc repro train`")
+    device = resolve_device(cfg.train.device)
+    mean, std = MEAN_STD[manifest["dataset"]]
+    pre = lambda x: normalize(x, mean, std)  # noqa: E731
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    T, bs = cfg.method.mc_samples, cfg.train.eval_batch_size
+    final, saved = load_net(last, device)
+    dropout = cfg.score.dropout if cfg.score.dropout != "auto" else (saved["dropout"] or 0.1)
+    tau = cfg.score.temperature if cfg.score.temperature != "auto" else (
+        cfg.method.tau1 if saved["head"] == "cosine" else 1.0)
+    counts = manifest["train_counts"]
+    cols: dict[str, list] = {k: [] for k in ("split", "index", "label", "task", "class_count", "mi", "entropy",
+                                             "correct_own", "mi_final", "entropy_final", "correct_final")}
+    all_classes = torch.tensor(sorted(c for t in manifest["task_classes"] for c in t), device=device)
+    for k in range(n_tasks):
+        own, _ = load_net(paths.TRAIN / f"task_{k:02d}" / "model.pt", device)
+        seen = torch.tensor(sorted(c for t in manifest["task_classes"][: k + 1] for c in t), device=device)
+        for split in ("train", "test"):
+            s = read_split(paths.PREPARED, manifest, k, split)
+            images = torch.from_numpy(s.images).permute(0, 3, 1, 2)
+            labels = torch.from_numpy(s.labels).to(device)
+            mi, ent, pred = score_and_predict(own, images, T, tau, bs, pre, gen, seen, dropout)
+            mi_f, ent_f, pred_f = score_and_predict(final, images, T, tau, bs, pre, gen, all_classes, dropout)
+            n = len(s.labels)
+            cols["split"] += [split] * n
+            cols["index"].append(s.indices)
+            cols["label"].append(s.labels)
+            cols["task"].append(np.full(n, k))
+            cols["class_count"].append(np.asarray(counts)[s.labels])
+            for name, v in (("mi", mi), ("entropy", ent), ("mi_final", mi_f), ("entropy_final", ent_f)):
+                cols[name].append(v.float().cpu().numpy())
+            cols["correct_own"].append((pred == labels).cpu().numpy())
+            cols["correct_final"].append((pred_f == labels).cpu().numpy())
+        log(f"scored task {k + 1}/{n_tasks}")
+    data = {k: (np.concatenate(v) if k != "split" else np.asarray(v)) for k, v in cols.items()}
+    data["forgotten"] = data["correct_own"] & ~data["correct_final"]
+    table = pa.table({k: pa.array(v) for k, v in data.items()})
+    with artifacts.atomic_dir(paths.SCORE) as tmp:
+        pq.write_table(table, tmp / "scores.parquet")
+
+    # Per class (training samples): the paper's motivation, minority classes more uncertain.
+    train = data["split"] == "train"
+    by_class = []
+    for pos, c in enumerate(manifest["class_order"]):
+        m = train & (data["label"] == c)
+        by_class.append({"position": pos, "label": c, "class": manifest["class_names"][c],
+                         "task": int(data["task"][m][0]) if m.any() else -1, "count": counts[c],
+                         "mean_mi": float(data["mi"][m].mean()), "mean_entropy": float(data["entropy"][m].mean()),
+                         "forgotten_rate": float(data["forgotten"][m].mean())})
+    out = paths.SCORE_REPORTS
+    artifacts.write_text(out / "by_class.csv", _csv(by_class))
+    learned = train & data["correct_own"]
+    forgotten, kept = data["mi"][learned & data["forgotten"]], data["mi"][learned & ~data["forgotten"]]
+    edges = np.linspace(0, max(float(data["mi"][train].max()), 1e-6), 21)
+    hf = np.histogram(forgotten, edges)[0]
+    hk = np.histogram(kept, edges)[0]
+    artifacts.write_text(out / "mi_forgotten_vs_kept.csv", _csv([
+        {"mi": round(float((edges[i] + edges[i + 1]) / 2), 6),
+         "forgotten": round(float(hf[i] / max(hf.sum(), 1)), 6), "kept": round(float(hk[i] / max(hk.sum(), 1)), 6)}
+        for i in range(len(hf))]))
+    plots.scatter([r["count"] for r in by_class], [r["mean_mi"] for r in by_class], "training images of the class",
+                  "mean MI (own-task model)", "Uncertainty against class frequency", out / "uncertainty_vs_frequency.png")
+    plots.histograms({"forgotten": forgotten.tolist(), "kept": kept.tolist()}, "MI (own-task model)",
+                     "Forgotten vs kept training samples", out / "forgotten_vs_kept.png")
+    summary = {"score.mean_mi": float(data["mi"][train].mean()),
+               "score.forgotten_rate": float(data["forgotten"][learned].mean()) if learned.any() else 0.0,
+               "score.mi_forgotten": float(forgotten.mean()) if forgotten.size else 0.0,
+               "score.mi_kept": float(kept.mean()) if kept.size else 0.0}
+    if tracker is not None:
+        tracker.log_metrics(summary)
+        for f in sorted(out.iterdir()):
+            tracker.log_artifact(f, "score")
+    log(f"wrote {paths.SCORE / 'scores.parquet'} ({len(data['label'])} samples): mean MI {summary['score.mean_mi']:.4g}, "
+        f"forgotten {100 * summary['score.forgotten_rate']:.1f}% (MI {summary['score.mi_forgotten']:.3g} vs kept "
+        f"{summary['score.mi_kept']:.3g})")
+    return summary

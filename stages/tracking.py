@@ -1,0 +1,184 @@
+"""MLflow tracking: one run per pipeline execution, shared by its stages.
+
+Every stage (a separate process under `dvc repro`) opens the execution's run with `stage_run`.
+The run is found by a key (hash of params.yaml and the git commit): a stage joins the newest
+run with that key that has not yet recorded this stage, and starts a new run otherwise. Between
+stages the run is FINISHED; while a stage executes it is RUNNING with the stage's pid, so a
+killed stage is recognised by the next stage that starts (any pipeline) and marked KILLED.
+
+The default store is sqlite at the repository root. `dvc exp run --queue` workers execute in
+copies under `<repo>/.dvc/tmp/exps/`; the store is anchored to `<repo>` so they all share it.
+`MLFLOW_TRACKING_URI` overrides the store (a `mlflow server`, for example).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from pbr.errors import UserError
+
+EXPERIMENT = "pbr"
+STAGES = ("prepare", "train", "score", "evaluate")
+
+
+def anchor(cwd: Path | None = None) -> Path:
+    """The repository root, also from inside a DVC experiment's temporary workspace."""
+    p = (cwd or Path.cwd()).resolve()
+    parts = p.parts
+    for i in range(len(parts) - 3):
+        if parts[i:i + 3] == (".dvc", "tmp", "exps"):
+            return Path(*parts[:i])
+    return p
+
+
+def tracking_uri(cwd: Path | None = None) -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{anchor(cwd) / 'mlflow.db'}"
+
+
+def experiment_name() -> str:
+    return os.environ.get("MLFLOW_EXPERIMENT_NAME", EXPERIMENT)
+
+
+def _git(*args: str) -> str:
+    try:
+        r = subprocess.run(["git", *args], capture_output=True, text=True, timeout=20)
+        return r.stdout.strip() if r.returncode == 0 else ""
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def git_state() -> dict[str, str]:
+    commit = _git("rev-parse", "HEAD") or "unknown"
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    return {"git.commit": commit, "git.dirty": str(dirty).lower()}
+
+
+def pipeline_key(params_file: Path, commit: str) -> str:
+    h = hashlib.sha256(Path(params_file).read_bytes())
+    h.update(commit.encode())
+    return h.hexdigest()[:32]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _client():
+    from mlflow import MlflowClient
+
+    uri = tracking_uri()
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(experiment_name())
+    except Exception as e:  # a store that cannot be opened fails in many ways
+        raise UserError(f"MLflow store {uri} cannot be opened ({type(e).__name__}: {str(e)[:160]}); "
+                        f"check MLFLOW_TRACKING_URI or remove a corrupt mlflow.db") from None
+    if exp is None:
+        artifacts = None
+        if uri.startswith("sqlite:///"):
+            artifacts = (anchor() / "mlartifacts").as_uri()
+        try:
+            exp_id = client.create_experiment(experiment_name(), artifact_location=artifacts)
+        except Exception:  # another process created it first
+            exp_id = client.get_experiment_by_name(experiment_name()).experiment_id
+    else:
+        exp_id = exp.experiment_id
+    return client, exp_id
+
+
+def mark_killed(client, exp_id: str) -> list[str]:
+    """Runs left RUNNING by a process of this host that no longer exists -> KILLED."""
+    host = socket.gethostname()
+    killed = []
+    for run in client.search_runs([exp_id], filter_string="attributes.status = 'RUNNING'", max_results=1000):
+        tags = run.data.tags
+        pid = tags.get("pbr.pid")
+        if tags.get("pbr.host") == host and pid and pid.isdigit() and not _alive(int(pid)):
+            client.set_terminated(run.info.run_id, "KILLED")
+            killed.append(run.info.run_id)
+    return killed
+
+
+class StageRun:
+    """The pipeline execution's MLflow run, as seen by one stage."""
+
+    def __init__(self, client, run_id: str) -> None:
+        self.client, self.run_id = client, run_id
+
+    def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
+        for i in range(0, len(batch), 500):
+            self.client.log_batch(self.run_id, metrics=batch[i:i + 500])
+
+    def log_series(self, rows: list[tuple[int, dict[str, float]]]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for step, d in rows for k, v in d.items() if v is not None]
+        for i in range(0, len(batch), 500):
+            self.client.log_batch(self.run_id, metrics=batch[i:i + 500])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if Path(path).exists():
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+
+def _params(flat: dict[str, Any]):
+    from mlflow.entities import Param
+
+    return [Param(k, str(v)) for k, v in flat.items()]
+
+
+@contextlib.contextmanager
+def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: dict | None = None
+              ) -> Iterator[StageRun]:
+    client, exp_id = _client()
+    mark_killed(client, exp_id)
+    git = git_state()
+    key = pipeline_key(params_file, git["git.commit"])
+    candidates = client.search_runs(
+        [exp_id], filter_string=f"tags.`pbr.pipeline_key` = '{key}' and attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"], max_results=1)
+    run_id = None
+    if candidates and candidates[0].data.tags.get(f"pbr.stage.{stage}") != "done":
+        run_id = candidates[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+    else:
+        run = client.create_run(exp_id, tags={"pbr.pipeline_key": key})
+        run_id = run.info.run_id
+        client.log_batch(run_id, params=_params(flat_params))
+    r = StageRun(client, run_id)
+    r.set_tags({**git, "pbr.pid": os.getpid(), "pbr.host": socket.gethostname(), "pbr.stage": stage,
+                "dvc.exp_name": os.environ.get("DVC_EXP_NAME", ""),
+                "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
+                "mlflow.runName": os.environ.get("DVC_EXP_NAME") or f"{flat_params.get('method.name')}-"
+                                  f"{flat_params.get('data.dataset')}-{key[:6]}",
+                **(tags or {})})
+    try:
+        yield r
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    r.set_tags({f"pbr.stage.{stage}": "done", "pbr.pid": ""})
+    client.set_terminated(run_id, "FINISHED")

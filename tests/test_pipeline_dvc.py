@@ -1,0 +1,157 @@
+"""The whole pipeline through `dvc repro`, MLflow tracking, experiments and the report."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import fakedata
+from project import BIN, dvc, env, make_project, run
+
+pytestmark = pytest.mark.slow
+
+SMALL = dict(data__download=False, data__imbalance_ratio=0.1, model__width=4, train__epochs=1,
+             train__device="cpu", train__eval_batch_size=256, method__mc_samples=4)
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory):
+    root = tmp_path_factory.mktemp("raw")
+    fakedata.write_cifar(root, 10, 60, 6)
+    return root
+
+
+def _client(repo):
+    from mlflow import MlflowClient
+
+    c = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    return c, c.get_experiment_by_name("pbr").experiment_id
+
+
+def test_pipeline_metrics_plots_and_mlflow_agree_and_report_compares_experiments(tmp_path, raw):
+    repo = make_project(tmp_path / "repo", data__root=str(raw), **SMALL)
+    dvc(repo, "repro")
+    metrics = json.loads((repo / "reports/metrics.json").read_text())
+    acc = json.loads((repo / "artifacts/train/accuracy.json").read_text())
+    assert metrics["class_il"]["acc"] == pytest.approx(acc["class_il"]["acc"], abs=1e-4)
+    for f in ("eval/class_il_matrix.csv", "eval/task_il_matrix.csv", "eval/matrices.png", "eval/weight_norms.png",
+              "eval/buffer_histogram.png", "score/by_class.csv", "score/uncertainty_vs_frequency.png"):
+        assert (repo / "reports" / f).stat().st_size > 0, f
+    import pyarrow.parquet as pq
+
+    scores = pq.read_table(repo / "artifacts/score/scores.parquet").to_pydict()
+    assert {"mi", "entropy", "forgotten", "class_count", "task", "split"} <= set(scores)
+    assert all(m >= 0 for m in scores["mi"])
+    assert all(f == (o and not e) for f, o, e in zip(scores["forgotten"], scores["correct_own"],
+                                                       scores["correct_final"]))
+    # dvc metrics show reads the same numbers.
+    shown = json.loads(dvc(repo, "metrics", "show", "--json").stdout)
+    flat = json.dumps(shown)
+    assert str(metrics["task_il"]["acc"]) in flat
+    dvc(repo, "plots", "show", "-o", str(tmp_path / "plots"))
+    assert (tmp_path / "plots" / "index.html").is_file()
+
+    # One MLflow run for the whole execution, holding params, tags, metrics and artifacts.
+    c, exp = _client(repo)
+    runs = c.search_runs([exp])
+    assert len(runs) == 1
+    r = runs[0]
+    assert r.info.status == "FINISHED" and r.data.tags["pbr.complete"] == "true"
+    assert all(r.data.tags[f"pbr.stage.{s}"] == "done" for s in ("prepare", "train", "score", "evaluate"))
+    assert r.data.params["method.name"] == "pbr" and r.data.params["data.imbalance_ratio"] == "0.1"
+    assert r.data.metrics["class_il.acc"] == pytest.approx(metrics["class_il"]["acc"], abs=1e-3)
+    assert r.data.metrics["task_il.bwt"] == pytest.approx(metrics["task_il"]["bwt"], abs=1e-3)
+    assert len(c.get_metric_history(r.info.run_id, "class_il.seen_acc")) == 5  # step = task
+    assert len(c.get_metric_history(r.info.run_id, "train.loss")) == 5  # one epoch per task
+    assert r.data.tags["dvc.md5.artifacts/train"].endswith(".dir")  # models and buffers: linked by hash
+    assert len(r.data.tags["git.commit"]) == 40 and r.data.tags["pbr.data_manifest"]
+    arts = [a.path for a in c.list_artifacts(r.info.run_id, "evaluate")]
+    assert "evaluate/metrics.json" in arts and "evaluate/matrices.png" in arts
+
+    # A second configuration as a DVC experiment, then the comparison report.
+    out = dvc(repo, "exp", "run", "-S", "data.setting=shuffled").stdout
+    assert "Running stage 'prepare'" in out
+    runs = c.search_runs([exp], filter_string="tags.`pbr.complete` = 'true'")
+    assert len(runs) == 2 and {x.data.params["data.setting"] for x in runs} == {"ordered", "shuffled"}
+    assert any(x.data.tags["dvc.exp_name"] for x in runs)
+    rep = run([str(BIN / "pbr"), "report"], repo).stdout
+    assert "ordered, IR 0.1" in rep and "shuffled, IR 0.1" in rep and "PBR" in rep
+    assert (repo / "reports/report.csv").is_file()
+
+
+def test_killed_stage_leaves_no_run_running(tmp_path, raw):
+    repo = make_project(tmp_path / "repo", data__root=str(raw), **{**SMALL, "train__epochs": 4, "model__width": 8})
+    run([str(BIN / "pbr"), "prepare"], repo)
+    p = subprocess.Popen([str(BIN / "pbr"), "train"], cwd=repo, env=env(), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (repo / "artifacts/train/task_00/state.pt").exists():
+        time.sleep(0.01)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    c, exp = _client(repo)
+    assert [x.info.status for x in c.search_runs([exp])] == ["RUNNING"]  # as the kill left it
+    run([str(BIN / "pbr"), "train"], repo)
+    statuses = sorted(x.info.status for x in c.search_runs([exp]))
+    assert statuses == ["FINISHED", "KILLED"]
+    done = [x for x in c.search_runs([exp]) if x.info.status == "FINISHED"][0]
+    # The resumed run still holds every task's record.
+    assert len(c.get_metric_history(done.info.run_id, "class_il.seen_acc")) == 5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tracking_to_a_real_mlflow_server(tmp_path, raw):
+    port = _free_port()
+    server = subprocess.Popen(
+        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+         "--artifacts-destination", str(tmp_path / "server-artifacts")],
+        env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        import urllib.request
+
+        deadline = time.time() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{uri}/health", timeout=2)
+                break
+            except OSError:
+                if time.time() > deadline or server.poll() is not None:
+                    raise AssertionError("mlflow server did not start")
+                time.sleep(0.5)
+        repo = make_project(tmp_path / "repo", data__root=str(raw), **SMALL)
+        r = subprocess.run([str(BIN / "pbr"), "prepare"], cwd=repo, env={**env(), "MLFLOW_TRACKING_URI": uri},
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert not (repo / "mlflow.db").exists()
+        from mlflow import MlflowClient
+
+        c = MlflowClient(uri)
+        runs = c.search_runs([c.get_experiment_by_name("pbr").experiment_id])
+        assert len(runs) == 1 and runs[0].data.tags["pbr.stage.prepare"] == "done"
+        assert "prepare/class_counts.csv" in [a.path for a in c.list_artifacts(runs[0].info.run_id, "prepare")]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def test_tracking_anchors_to_the_repository_from_a_queue_workspace(tmp_path, monkeypatch):
+    from stages import tracking
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    ws = tmp_path / "repo" / ".dvc" / "tmp" / "exps" / "standalone" / "tmpabc"
+    ws.mkdir(parents=True)
+    assert tracking.anchor(ws) == tmp_path / "repo"
+    assert tracking.tracking_uri(ws) == f"sqlite:///{tmp_path / 'repo' / 'mlflow.db'}"
+    assert tracking.anchor(tmp_path / "repo") == tmp_path / "repo"

@@ -1,0 +1,213 @@
+"""`pbr report`: runs from a small sqlite MLflow store -> tables, CSV, paper numbers."""
+
+import csv
+import math
+import os
+import sys
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pbr.errors import UserError
+from stages import report
+from stages.paper_results import PAPER_RESULTS
+from stages.report import RunRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+# mlflow's own sqlalchemy usage, not ours
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
+
+BASE = {"data.setting": "ordered", "data.imbalance_ratio": "0.01", "data.dataset": "cifar10",
+        "data.n_tasks": "5", "method.buffer_size": "200", "method.buffer_order": "uncertain_first",
+        "model.head": "auto", "train.epochs": "50", "data.root": "data/raw"}
+
+# (params over BASE, metrics, status, complete tag)
+RUNS = [
+    ({"method.name": "pbr", "seed": "0"}, {"class_il.acc": 50, "task_il.acc": 88, "class_il.bwt": -10}, "FINISHED", True),
+    ({"method.name": "pbr", "seed": "1"}, {"class_il.acc": 52, "task_il.acc": 90, "class_il.bwt": -12}, "FINISHED", True),
+    ({"method.name": "pbr", "seed": "2"}, {"class_il.acc": 57, "task_il.acc": 92, "class_il.bwt": -14}, "FINISHED", True),
+    ({"method.name": "er", "seed": "0"}, {"class_il.acc": 40, "task_il.acc": 85}, "FINISHED", True),
+    ({"method.name": "er", "seed": "1"}, {"class_il.acc": 44, "task_il.acc": 86}, "FINISHED", True),
+    ({"method.name": "pbr", "method.buffer_order": "random", "seed": "0"},
+     {"class_il.acc": 45, "task_il.acc": 83}, "FINISHED", True),
+    ({"method.name": "sgd", "seed": "0"}, {"class_il.acc": 19, "task_il.acc": 70}, "FINISHED", True),
+    # ignored: still running (complete tag or not), finished without the complete tag
+    ({"method.name": "pbr", "seed": "3"}, {"class_il.acc": 0, "task_il.acc": 0}, "RUNNING", True),
+    ({"method.name": "pbr", "seed": "4"}, {"class_il.acc": 0, "task_il.acc": 0}, "FAILED", True),
+    ({"method.name": "pbr", "seed": "5"}, {"class_il.acc": 0, "task_il.acc": 0}, "FINISHED", False),
+    # shuffled, IR 0.1: a table of its own
+    ({"method.name": "pbr", "seed": "0", "data.setting": "shuffled", "data.imbalance_ratio": "0.1",
+      "data.dataset": "cifar100"}, {"class_il.acc": 60, "task_il.acc": 88}, "FINISHED", True),
+]
+
+
+def _add_run(client, exp_id, params, metrics, status, complete, t):
+    from mlflow.entities import Metric, Param
+
+    run = client.create_run(exp_id, start_time=t, tags={"pbr.complete": "true"} if complete else {})
+    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in {**BASE, **params}.items()],
+                     metrics=[Metric(k, float(v), t, 0) for k, v in metrics.items()])
+    if status != "RUNNING":
+        client.set_terminated(run.info.run_id, status)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from mlflow import MlflowClient
+
+    tmp = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = client.create_experiment("pbr", artifact_location=(tmp / "artifacts").as_uri())
+    for i, (params, metrics, status, complete) in enumerate(RUNS):
+        _add_run(client, exp_id, params, metrics, status, complete, 1_700_000_000_000 + i)
+    empty = client.create_experiment("empty", artifact_location=(tmp / "artifacts2").as_uri())
+    _add_run(client, empty, {"method.name": "pbr", "seed": "0"}, {"class_il.acc": 1}, "FINISHED", False, 1)
+    return uri
+
+
+@pytest.fixture
+def env(store, monkeypatch, tmp_path):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.chdir(tmp_path)
+    return store
+
+
+def _groups(rep):
+    return {(g.setting, g.dataset, g.method, g.buffer_size): g for g in rep.groups}
+
+
+def test_means_stds_counts_and_paper_numbers(env):
+    rep = report.run()
+    gs = _groups(rep)
+    assert set(gs) == {("ordered", "cifar10", "PBR", 200), ("ordered", "cifar10", "ER", 200),
+                       ("ordered", "cifar10", "PBR (random)", 200), ("ordered", "cifar10", "SGD", None),
+                       ("shuffled", "cifar100", "PBR", 200)}
+    pbr = gs["ordered", "cifar10", "PBR", 200]
+    assert [r.params["seed"] for r in pbr.runs] == ["0", "1", "2"]  # RUNNING, FAILED, untagged left out
+    m, s, n = pbr.stats("class_il", "acc")
+    assert (m, n) == (53.0, 3) and math.isclose(s, math.sqrt(13))  # (9 + 1 + 16) / 2
+    assert pbr.stats("task_il", "acc") == (90.0, 2.0, 3)
+    assert pbr.paper() == (51.00, 89.99)
+    m, s, n = gs["ordered", "cifar10", "ER", 200].stats("class_il", "acc")
+    assert (m, n) == (42.0, 2) and math.isclose(s, math.sqrt(8))
+    assert gs["ordered", "cifar10", "PBR (random)", 200].stats("class_il", "acc") == (45.0, 0.0, 1)
+    assert gs["ordered", "cifar10", "PBR (random)", 200].paper() == (44.77, 82.50)
+    assert gs["ordered", "cifar10", "SGD", None].paper() == (19.62, 72.65)
+    shuffled = gs["shuffled", "cifar100", "PBR", 200]
+    assert shuffled.imbalance_ratio == 0.1 and shuffled.paper() == (59.33, 87.99)
+
+
+def test_markdown_layout(env):
+    text = report.run().text
+    lines = text.splitlines()
+    i = lines.index("## ordered, IR 0.01")
+    assert lines[i + 2] == ("| Buffer | Method | Seq-CIFAR-10-LT (5 tasks) Class-IL "
+                            "| Seq-CIFAR-10-LT (5 tasks) Task-IL |")
+    assert lines[i + 3] == "|---|---|---|---|"
+    rows = lines[i + 4:i + 8]
+    assert [r.split(" | ")[:2] for r in rows] == [["| -", "SGD"], ["| 200", "ER"],
+                                                   ["| 200", "PBR (random)"], ["| 200", "PBR"]]
+    assert rows[3] == "| 200 | PBR | 53.00 ± 3.61 (n=3) [paper 51.00] | 90.00 ± 2.00 (n=3) [paper 89.99] |"
+    assert rows[1] == "| 200 | ER | 42.00 ± 2.83 (n=2) [paper 39.14] | 85.50 ± 0.71 (n=2) [paper 85.72] |"
+    assert i + 8 == len(lines) or not lines[i + 8].startswith("|")  # one row per method, no more
+    j = lines.index("## shuffled, IR 0.1")
+    assert j > i
+    assert lines[j + 4] == "| 200 | PBR | 60.00 ± 0.00 (n=1) [paper 59.33] | 88.00 ± 0.00 (n=1) [paper 87.99] |"
+
+
+def test_csv_written_atomically_with_one_row_per_group(env, tmp_path):
+    rep = report.run()
+    path = tmp_path / "reports" / "report.csv"
+    assert rep.csv_path == Path("reports/report.csv") and path.is_file()
+    assert not [p for p in path.parent.iterdir() if p.name != "report.csv"]  # no temp file left
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0])[:12] == ["setting", "imbalance_ratio", "dataset", "method", "buffer_size", "n_runs",
+                                  "class_il_mean", "class_il_std", "task_il_mean", "task_il_std",
+                                  "paper_class_il", "paper_task_il"]
+    assert len(rows) == 5
+    pbr = next(r for r in rows if r["method"] == "PBR" and r["setting"] == "ordered")
+    assert pbr == {"setting": "ordered", "imbalance_ratio": "0.01", "dataset": "cifar10", "method": "PBR",
+                   "buffer_size": "200", "n_runs": "3", "class_il_mean": "53.0000", "class_il_std": "3.6056",
+                   "task_il_mean": "90.0000", "task_il_std": "2.0000", "paper_class_il": "51.0000",
+                   "paper_task_il": "89.9900", "metric": "acc", "n_tasks": "5", "paper_n_tasks": "5"}
+    sgd = next(r for r in rows if r["method"] == "SGD")
+    assert sgd["buffer_size"] == "" and sgd["n_runs"] == "1" and sgd["class_il_std"] == "0.0000"
+    shuffled = next(r for r in rows if r["setting"] == "shuffled")
+    assert (shuffled["imbalance_ratio"], shuffled["dataset"], shuffled["paper_class_il"]) == ("0.1", "cifar100", "59.3300")
+
+
+def test_other_metric_and_markdown_file(env, tmp_path):
+    rep = report.run(metric="bwt", csv_path=tmp_path / "bwt.csv", markdown_path=tmp_path / "out" / "r.md")
+    assert (tmp_path / "out" / "r.md").read_text() == rep.text
+    assert "| 200 | PBR | -12.00 ± 2.00 (n=3) | - |" in rep.text and "[paper" not in rep.text
+    with (tmp_path / "bwt.csv").open() as f:
+        pbr = next(r for r in csv.DictReader(f) if r["method"] == "PBR" and r["setting"] == "ordered")
+    assert (pbr["class_il_mean"], pbr["task_il_mean"], pbr["paper_class_il"], pbr["metric"]) == ("-12.0000", "", "", "bwt")
+    with pytest.raises(UserError, match="--metric"):
+        report.run(metric="accuracy")
+
+
+def test_no_runs_message(env, tmp_path):
+    for kw in ({"experiment": "empty"}, {"experiment": "missing"},
+               {"tracking_uri": f"sqlite:///{tmp_path}/none/mlflow.db"}):
+        rep = report.run(**kw)
+        assert rep.groups == [] and rep.csv_path is None
+        assert rep.text.count("\n") == 1 and "No finished pipeline runs" in rep.text and "dvc repro" in rep.text
+    assert not (tmp_path / "none").exists() and not (tmp_path / "reports").exists()
+
+
+def test_unreadable_store_is_a_user_error(tmp_path):
+    (tmp_path / "mlflow.db").write_bytes(b"not a database at all" * 100)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with pytest.raises(UserError) as e:
+        report.run(tracking_uri=uri)
+    assert uri in str(e.value) and "\n" not in str(e.value)
+
+
+def test_labels_repeats_and_mixed_settings():
+    p = {**BASE, "method.name": "pbr"}
+    assert report.method_label(p) == "PBR"
+    assert report.method_label({**p, "model.head": "cosine"}) == "PBR"
+    assert report.method_label({**p, "model.head": "linear"}) == "PBR (linear)"
+    assert report.method_label({**p, "model.head": "linear", "method.buffer_order": "random"}) == "PBR (random, linear)"
+    assert report.method_label({**BASE, "method.name": "derpp"}) == "DER++"
+    assert report.method_label({**BASE, "method.name": "er", "model.head": "cosine"}) == "ER (cosine)"
+    assert report.buffer_of({**BASE, "method.name": "joint"}) is None
+    assert PAPER_RESULTS["ordered", 0.01, "cifar10", "PBR (linear)", 200] == (33.66, 76.45)
+
+    runs = [RunRecord("a", {**p, "seed": "0"}, {"class_il.acc": 10.0}, 1),
+            RunRecord("b", {**p, "seed": "0"}, {"class_il.acc": 20.0}, 2),  # repeat of a: newest kept
+            RunRecord("c", {**p, "seed": "1", "train.epochs": "1"}, {"class_il.acc": 40.0}, 3),
+            RunRecord("d", {"method.name": "pbr"}, {}, 4)]  # no data.* params
+    groups, skipped = report.group_runs(runs)
+    (g,) = groups
+    assert [r.run_id for r in g.runs] == ["b", "c"] and g.stats("class_il", "acc")[0] == 30.0
+    assert any("1 older run(s)" in n for n in g.notes)
+    assert any("train.epochs (1, 50)" in n for n in g.notes)
+    assert len(skipped) == 1 and "run d" in skipped[0]
+    text = report.render_markdown(groups, "acc", skipped)
+    assert "- note: PBR, buffer 200, Seq-CIFAR-10-LT (5 tasks): runs averaged together differ in train.epochs" in text
+
+
+def test_paper_marks_another_number_of_tasks():
+    p = {**BASE, "method.name": "pbr", "data.dataset": "cifar100", "seed": "0"}
+    groups, _ = report.group_runs([RunRecord("a", p, {"class_il.acc": 25.0, "task_il.acc": 50.0})])
+    assert "| 200 | PBR | 25.00 ± 0.00 (n=1) [paper 24.18, 10 tasks] | 50.00 ± 0.00 (n=1) [paper 50.66, 10 tasks] |" \
+        in report.render_markdown(groups)
+
+
+def test_cli(env, tmp_path):
+    e = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": env}
+    r = subprocess.run([sys.executable, "-m", "stages.cli", "report"], cwd=tmp_path, env=e,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "## ordered, IR 0.01" in r.stdout and "| 200 | PBR | 53.00 ± 3.61 (n=3) [paper 51.00]" in r.stdout
+    assert (tmp_path / "reports" / "report.csv").is_file() and "Traceback" not in r.stderr
+    # no store at all: the message, exit 0, and no mlflow.db created
+    r = subprocess.run([sys.executable, "-m", "stages.cli", "report", "--tracking-uri", f"sqlite:///{tmp_path}/x.db"],
+                       cwd=tmp_path, env=e, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("No finished pipeline runs") and "dvc repro" in r.stdout
+    assert r.stderr == "" and not (tmp_path / "x.db").exists()
