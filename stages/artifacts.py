@@ -35,6 +35,17 @@ def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode())
 
 
+def write_csv(path: Path, rows: list[dict]) -> None:
+    import csv
+    import io
+
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    write_text(path, out.getvalue())
+
+
 def clean_stale(path: Path) -> None:
     """Remove what an interrupted atomic_dir left beside `path`."""
     path = Path(path)

@@ -8,21 +8,11 @@ histograms after each task, and PNG renderings.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 
 from pbr.errors import UserError
 from stages import artifacts, paths, plots
-
-
-def _csv(rows: list[dict]) -> str:
-    out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    return out.getvalue()
 
 
 def minority_tasks(task_sizes: list[int]) -> list[int]:
@@ -86,21 +76,21 @@ def run(cfg, log=print, tracker=None) -> dict:
         result[scen] = scenario_metrics(m, minority)
         result[scen]["final_per_task"] = m[-1]
         rows = [{"after_task": j, **{f"task_{i}": round(v, 4) for i, v in enumerate(r)}} for j, r in enumerate(m)]
-        artifacts.write_text(out / f"{scen}_matrix.csv", _csv(rows))
+        artifacts.write_csv(out / f"{scen}_matrix.csv", rows)
     curve = [{"after_task": j,
               "class_il": round(sum(summary["class_il"]["matrix"][j][: j + 1]) / (j + 1), 4),
               "task_il": round(sum(summary["task_il"]["matrix"][j][: j + 1]) / (j + 1), 4)} for j in range(n_tasks)]
-    artifacts.write_text(out / "accuracy_curve.csv", _csv(curve))
+    artifacts.write_csv(out / "accuracy_curve.csv", curve)
 
     norms = [_head_norms(paths.TRAIN / f"task_{k:02d}" / "model.pt") for k in range(n_tasks)]
     hist = [_buffer_hist(paths.TRAIN / f"task_{k:02d}" / "buffer.parquet", n_classes) for k in range(n_tasks)]
-    artifacts.write_text(out / "weight_norms.csv", _csv(
-        [{"after_task": k, "class": c, "norm": round(v, 6)} for k in range(n_tasks) for c, v in enumerate(norms[k])]))
-    artifacts.write_text(out / "weight_norms_final.csv", _csv(
-        [{"class": c, "norm": round(v, 6)} for c, v in enumerate(norms[-1])]))
-    artifacts.write_text(out / "buffer_histogram.csv", _csv(
-        [{"after_task": k, "class": c, "count": v} for k in range(n_tasks) for c, v in enumerate(hist[k])]))
-    artifacts.write_text(out / "buffer_final.csv", _csv([{"class": c, "count": v} for c, v in enumerate(hist[-1])]))
+    artifacts.write_csv(out / "weight_norms.csv", [
+        {"after_task": k, "class": c, "norm": round(v, 6)} for k in range(n_tasks) for c, v in enumerate(norms[k])])
+    artifacts.write_csv(out / "weight_norms_final.csv", [
+        {"class": c, "norm": round(v, 6)} for c, v in enumerate(norms[-1])])
+    artifacts.write_csv(out / "buffer_histogram.csv", [
+        {"after_task": k, "class": c, "count": v} for k in range(n_tasks) for c, v in enumerate(hist[k])])
+    artifacts.write_csv(out / "buffer_final.csv", [{"class": c, "count": v} for c, v in enumerate(hist[-1])])
 
     plots.heatmaps({"Class-IL": summary["class_il"]["matrix"], "Task-IL": summary["task_il"]["matrix"]},
                    out / "matrices.png")

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import time
 
 from pbr.errors import UserError
 from stages import artifacts, paths
 from stages.config import Config
-
-
-def _csv(rows: list[dict]) -> str:
-    out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    return out.getvalue()
 
 
 def count_tables(manifest: dict) -> tuple[list[dict], list[dict]]:
@@ -51,8 +41,8 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     with artifacts.atomic_dir(paths.PREPARED) as tmp:
         manifest = write_prepared(tmp, raw, stream, cfg.to_dict()["data"], d.shard_mb)
     per_class, per_task = count_tables(manifest)
-    artifacts.write_text(paths.PREPARE_PLOTS / "class_counts.csv", _csv(per_class))
-    artifacts.write_text(paths.PREPARE_PLOTS / "task_counts.csv", _csv(per_task))
+    artifacts.write_csv(paths.PREPARE_PLOTS / "class_counts.csv", per_class)
+    artifacts.write_csv(paths.PREPARE_PLOTS / "task_counts.csv", per_task)
     if tracker is not None:
         from pbr.data.shards import manifest_hash
 

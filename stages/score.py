@@ -9,18 +9,8 @@ by uncertainty) under reports/score/.
 
 from __future__ import annotations
 
-import csv
-import io
 
 from stages import artifacts, paths, plots
-
-
-def _csv(rows: list[dict]) -> str:
-    out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    return out.getvalue()
 
 
 def load_net(path, device):
@@ -100,16 +90,16 @@ def run(cfg, log=print, tracker=None) -> dict:
                          "mean_mi": float(data["mi"][m].mean()), "mean_entropy": float(data["entropy"][m].mean()),
                          "forgotten_rate": float(data["forgotten"][m].mean())})
     out = paths.SCORE_REPORTS
-    artifacts.write_text(out / "by_class.csv", _csv(by_class))
+    artifacts.write_csv(out / "by_class.csv", by_class)
     learned = train & data["correct_own"]
     forgotten, kept = data["mi"][learned & data["forgotten"]], data["mi"][learned & ~data["forgotten"]]
     edges = np.linspace(0, max(float(data["mi"][train].max()), 1e-6), 21)
     hf = np.histogram(forgotten, edges)[0]
     hk = np.histogram(kept, edges)[0]
-    artifacts.write_text(out / "mi_forgotten_vs_kept.csv", _csv([
+    artifacts.write_csv(out / "mi_forgotten_vs_kept.csv", [
         {"mi": round(float((edges[i] + edges[i + 1]) / 2), 6),
          "forgotten": round(float(hf[i] / max(hf.sum(), 1)), 6), "kept": round(float(hk[i] / max(hk.sum(), 1)), 6)}
-        for i in range(len(hf))]))
+        for i in range(len(hf))])
     plots.scatter([r["count"] for r in by_class], [r["mean_mi"] for r in by_class], "training images of the class",
                   "mean MI (own-task model)", "Uncertainty against class frequency", out / "uncertainty_vs_frequency.png")
     plots.histograms({"forgotten": forgotten.tolist(), "kept": kept.tolist()}, "MI (own-task model)",

@@ -89,12 +89,12 @@ def buffer_table(buffer):
     import numpy as np
     import pyarrow as pa
 
+    from pbr.data.shards import image_column
+
     n = buffer.size
-    images = buffer.images[:n].permute(0, 2, 3, 1).contiguous().cpu().numpy()
-    width = int(np.prod(images.shape[1:]))
     logits = buffer.logits[:n].cpu().numpy()
     return pa.table({
-        "image": pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(images.reshape(-1))]),
+        "image": image_column(buffer.images[:n].permute(0, 2, 3, 1).cpu().numpy()),
         "label": pa.array(buffer.labels[:n].cpu().numpy().astype(np.int16)),
         "task": pa.array(buffer.tasks[:n].cpu().numpy().astype(np.int16)),
         "score": pa.array(buffer.scores[:n].cpu().numpy()),

@@ -28,12 +28,17 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _table(images: np.ndarray, labels: np.ndarray, indices: np.ndarray, task: int) -> pa.Table:
+def image_column(images: np.ndarray) -> pa.FixedSizeBinaryArray:
+    """uint8 [N, H, W, C] as one fixed-size binary column over a single data buffer."""
     n, width = len(images), int(np.prod(images.shape[1:]))
     flat = pa.py_buffer(np.ascontiguousarray(images).reshape(-1))
-    image_col = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, flat])
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, flat])
+
+
+def _table(images: np.ndarray, labels: np.ndarray, indices: np.ndarray, task: int) -> pa.Table:
+    n = len(images)
     return pa.table({
-        "image": image_col,
+        "image": image_column(images),
         "label": pa.array(labels.astype(np.int16)),
         "index": pa.array(indices.astype(np.int32)),
         "task": pa.array(np.full(n, task, dtype=np.int16)),
