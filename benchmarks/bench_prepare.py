@@ -1,0 +1,79 @@
+"""prepare on the real CIFAR-10 archive: seconds, peak memory, and task read throughput from the
+shards against unpickling the raw batches.
+
+    python benchmarks/bench_prepare.py [--root ../shared/datasets]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import resource
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from common import machine
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--root", default=str(ROOT.parent / "shared" / "datasets"))
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    archive = Path(a.root) / "cifar-10-python.tar.gz"
+    if not archive.is_file():
+        sys.exit(f"skipped: {archive} not found")
+    print(f"# prepare on {archive}, {machine()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "params.yaml").write_text(
+            f"data: {{dataset: cifar10, root: {a.root}, download: false}}\n")
+        code = ("import resource, time, sys; sys.path.insert(0, %r); from stages.config import load_config;"
+                "from stages import prepare; t = time.perf_counter(); prepare.run(load_config('params.yaml'), "
+                "log=lambda *a: None); print(time.perf_counter() - t, "
+                "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)") % str(ROOT)
+        times, peaks = [], []
+        for _ in range(a.repeats):
+            out = subprocess.run([sys.executable, "-c", code], cwd=tmp, capture_output=True, text=True, check=True)
+            secs, peak = out.stdout.split()
+            times.append(float(secs))
+            peaks.append(int(peak))
+        times.sort()
+        print(f"prepare (read archive, build stream, write shards): median {times[len(times) // 2]:.2f} s, "
+              f"peak RSS {max(peaks) / 1024:.0f} MB")
+
+        sys.path.insert(0, str(ROOT))
+        from pbr.data.shards import load_manifest, read_split
+
+        prepared = Path(tmp) / "data" / "prepared"
+        manifest = load_manifest(prepared)
+        n = sum(manifest["task_train_counts"]) + sum(manifest["task_test_counts"])
+        t = time.perf_counter()
+        for k in range(manifest["n_tasks"]):
+            for split in ("train", "test"):
+                read_split(prepared, manifest, k, split)
+        shard_rate = n / (time.perf_counter() - t)
+    blobs = {}
+    with tarfile.open(archive) as tar:  # decompression is not counted: only unpickling
+        for m in tar:
+            if m.isfile() and ("data_batch" in m.name or "test_batch" in m.name):
+                blobs[m.name] = tar.extractfile(m).read()
+    t = time.perf_counter()
+    total = 0
+    for b in blobs.values():
+        d = pickle.loads(b, encoding="bytes")
+        total += len(d[b"labels"])
+    pickle_rate = total / (time.perf_counter() - t)
+    print(f"read every task from shards (hash-checked): {shard_rate:,.0f} img/s")
+    print(f"unpickle the raw batches (already decompressed): {pickle_rate:,.0f} img/s "
+          f"-> shards {shard_rate / pickle_rate:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

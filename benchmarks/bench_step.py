@@ -1,0 +1,82 @@
+"""Training-step throughput of sgd, er, derpp and pbr against the bare model's forward + backward + step.
+
+    python benchmarks/bench_step.py --width 20 --batch 32
+
+The bare step: ResNet18 + linear head, cross-entropy, SGD, on a ready float batch. The method
+steps include their real work: batched augmentation of uint8 images, buffer draws, the teacher.
+Targets: sgd (cosine head) >= 0.9x bare; a pbr step <= 2.2x an sgd step.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from common import machine, rate, row
+from pbr.data.augment import Augment, normalize
+from pbr.methods import METHODS, Context, Options
+from pbr.models import Net
+
+MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--width", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    g = torch.Generator(device=dev).manual_seed(0)
+    raw = torch.randint(0, 256, (a.batch * a.steps, 3, 32, 32), dtype=torch.uint8, device=dev)
+    labels = torch.randint(0, 2, (a.batch * a.steps,), device=dev)
+    print(f"# training step, width {a.width}, batch {a.batch} (+{a.batch} replay), {machine()}")
+
+    bare = Net(10, a.width, "linear", dropout=0.0).to(dev)
+    opt = torch.optim.SGD(bare.parameters(), lr=0.03)
+    x_ready = normalize(raw[: a.batch], MEAN, STD)
+
+    def bare_steps():
+        for s in range(a.steps):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(bare(x_ready), labels[: a.batch]).backward()
+            opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    base = rate(bare_steps, a.batch * a.steps, a.repeats)
+    print(row("bare model fwd+bwd+step", base, base))
+    results = {}
+    for name in ("sgd", "er", "derpp", "pbr"):
+        cls = METHODS[name]
+        head = "cosine" if name in ("sgd", "pbr") else "linear"
+        net = Net(10, a.width, head, dropout=0.1 if name == "pbr" else 0.0).to(dev)
+        ctx = Context(10, [torch.arange(0, 2, device=dev), torch.arange(2, 4, device=dev)], dev,
+                      Augment(MEAN, STD), lambda x: normalize(x, MEAN, STD), g, replay_batch_size=a.batch)
+        m = cls(net, ctx, Options(lr=0.03, buffer_size=200, alpha=0.1, beta=0.5, mc_samples=20))
+        # Put the method in its steady state: a filled buffer (and pbr's teacher) from a first task.
+        m.begin_task(0, raw, labels)
+        if cls.uses_buffer:
+            m.buffer.reservoir_add(raw[:200], labels[:200], torch.zeros_like(labels[:200]), generator=g)
+        if name == "pbr":
+            m.end_task(0, raw[:256], labels[:256])
+        m.begin_task(1, raw, labels + 2)
+
+        def steps():
+            for s in range(a.steps):
+                r = raw[s * a.batch:(s + 1) * a.batch]
+                m.observe(ctx.augment(r, g), labels[s * a.batch:(s + 1) * a.batch] + 2, r)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+
+        results[name] = rate(steps, a.batch * a.steps, a.repeats)
+        print(row(f"{name} step (current-task images)", results[name], base))
+    print(f"pbr step / sgd step time: {results['sgd'] / results['pbr']:.2f}x (target <= 2.2x)")
+
+
+if __name__ == "__main__":
+    main()
