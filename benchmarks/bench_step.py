@@ -29,34 +29,50 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--variants", default="fp32,fp32+cl,bf16,bf16+cl",
+                    help="comma list of fp32|bf16, '+cl' for channels_last")
     a = ap.parse_args()
+    first = None
+    for variant in a.variants.split(","):
+        first = run_variant(a, variant, first)
+
+
+def run_variant(a, variant: str, first: float | None) -> float:
+    bf16, cl = variant.startswith("bf16"), variant.endswith("+cl")
+    fmt = torch.channels_last if cl else torch.contiguous_format
+    ac = lambda: torch.autocast(a.device.split(":")[0], dtype=torch.bfloat16, enabled=bf16)  # noqa: E731
     dev = torch.device(a.device)
     g = torch.Generator(device=dev).manual_seed(0)
     raw = torch.randint(0, 256, (a.batch * a.steps, 3, 32, 32), dtype=torch.uint8, device=dev)
     labels = torch.randint(0, 2, (a.batch * a.steps,), device=dev)
-    print(f"# training step, width {a.width}, batch {a.batch} (+{a.batch} replay), {machine()}")
+    print(f"# training step [{variant}], width {a.width}, batch {a.batch} (+{a.batch} replay), {machine()}")
 
-    bare = Net(10, a.width, "linear", dropout=0.0).to(dev)
+    bare = Net(10, a.width, "linear", dropout=0.0).to(dev, memory_format=fmt)
     opt = torch.optim.SGD(bare.parameters(), lr=0.03)
-    x_ready = normalize(raw[: a.batch], MEAN, STD)
+    x_ready = normalize(raw[: a.batch], MEAN, STD).contiguous(memory_format=fmt)
 
     def bare_steps():
         for s in range(a.steps):
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(bare(x_ready), labels[: a.batch]).backward()
+            with ac():
+                loss = F.cross_entropy(bare(x_ready), labels[: a.batch])
+            loss.backward()
             opt.step()
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
     base = rate(bare_steps, a.batch * a.steps, a.repeats)
-    print(row("bare model fwd+bwd+step", base, base))
+    first = first or base
+    print(row("bare model fwd+bwd+step", base, base) + f"  ({base / first:.2f}x bare fp32)")
     results = {}
     for name in ("sgd", "er", "derpp", "pbr"):
         cls = METHODS[name]
         head = "cosine" if name in ("sgd", "pbr") else "linear"
-        net = Net(10, a.width, head, dropout=0.1 if name == "pbr" else 0.0).to(dev)
+        net = Net(10, a.width, head, dropout=0.1 if name == "pbr" else 0.0).to(dev, memory_format=fmt)
+        aug = Augment(MEAN, STD)
         ctx = Context(10, [torch.arange(0, 2, device=dev), torch.arange(2, 4, device=dev)], dev,
-                      Augment(MEAN, STD), lambda x: normalize(x, MEAN, STD), g, replay_batch_size=a.batch)
+                      lambda x, gen: aug(x, gen).contiguous(memory_format=fmt),
+                      lambda x: normalize(x, MEAN, STD).contiguous(memory_format=fmt), g, replay_batch_size=a.batch)
         m = cls(net, ctx, Options(lr=0.03, buffer_size=200, alpha=0.1, beta=0.5, mc_samples=20))
         # Put the method in its steady state: a filled buffer (and pbr's teacher) from a first task.
         m.begin_task(0, raw, labels)
@@ -69,13 +85,15 @@ def main() -> None:
         def steps():
             for s in range(a.steps):
                 r = raw[s * a.batch:(s + 1) * a.batch]
-                m.observe(ctx.augment(r, g), labels[s * a.batch:(s + 1) * a.batch] + 2, r)
+                with ac():
+                    m.observe(ctx.augment(r, g), labels[s * a.batch:(s + 1) * a.batch] + 2, r)
             if dev.type == "cuda":
                 torch.cuda.synchronize()
 
         results[name] = rate(steps, a.batch * a.steps, a.repeats)
-        print(row(f"{name} step (current-task images)", results[name], base))
+        print(row(f"{name} step (current-task images)", results[name], base) + f"  ({results[name] / first:.2f}x bare fp32)")
     print(f"pbr step / sgd step time: {results['sgd'] / results['pbr']:.2f}x (target <= 2.2x)")
+    return first
 
 
 if __name__ == "__main__":

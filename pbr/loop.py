@@ -40,7 +40,9 @@ def fit_task(
         for start in range(0, n, batch_size):
             idx = perm[start:start + batch_size]
             raw, y = images[idx], labels[idx]
-            loss = method.observe(ctx.augment(raw, ctx.generator), y, raw)
+            with torch.autocast(ctx.device.type, dtype=ctx.autocast_dtype or torch.bfloat16,
+                                enabled=ctx.autocast_dtype is not None):
+                loss = method.observe(ctx.augment(raw, ctx.generator), y, raw)
             total += loss * idx.shape[0]
             if on_batch is not None:
                 on_batch(idx.shape[0])

@@ -79,6 +79,9 @@ class TrainConfig:
     eval_batch_size: int = _key(_positive, "a positive integer", default=128)
     lr: float | Auto = _key(_positive, "a positive number or auto", default="auto")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # bf16 autocast of the training step (evaluation stays fp32); channels_last memory format.
+    precision: Literal["fp32", "bf16"] = "fp32"
+    channels_last: bool = False
 
 
 @dataclass(frozen=True)

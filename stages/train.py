@@ -46,7 +46,8 @@ def settings(cfg: Config) -> dict:
         "walk_count": m.walk_count,
         "replay_ce": m.replay_ce, "width": mo.width, "scale": mo.scale, "epochs": t.epochs,
         "batch_size": t.batch_size, "replay_batch_size": t.replay_batch_size,
-        "eval_batch_size": t.eval_batch_size, "seed": cfg.seed,
+        "eval_batch_size": t.eval_batch_size, "seed": cfg.seed, "precision": t.precision,
+        "channels_last": t.channels_last,
     }
 
 
@@ -175,10 +176,15 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     mean, std = MEAN_STD[manifest["dataset"]]
     train_sets, test_sets = _load_tasks(manifest, device)
     task_classes = [torch.tensor(c, device=device) for c in manifest["task_classes"]]
+    fmt = torch.channels_last if s["channels_last"] else torch.contiguous_format
+    augment = Augment(mean, std)
     ctx = Context(n_classes=manifest["n_classes"], task_classes=task_classes, device=device,
-                  augment=Augment(mean, std), preprocess=lambda x: normalize(x, mean, std), generator=gen,
-                  replay_batch_size=s["replay_batch_size"], eval_batch_size=s["eval_batch_size"])
-    net = Net(manifest["n_classes"], s["width"], s["head"], s["scale"], s["dropout"], generator=init_gen).to(device)
+                  augment=lambda x, g: augment(x, g).contiguous(memory_format=fmt),
+                  preprocess=lambda x: normalize(x, mean, std).contiguous(memory_format=fmt), generator=gen,
+                  replay_batch_size=s["replay_batch_size"], eval_batch_size=s["eval_batch_size"],
+                  autocast_dtype=torch.bfloat16 if s["precision"] == "bf16" else None)
+    net = Net(manifest["n_classes"], s["width"], s["head"], s["scale"], s["dropout"], generator=init_gen).to(
+        device, memory_format=fmt)
     opts = Options(lr=s["lr"], buffer_size=max(s["buffer_size"], 1), alpha=s["alpha"], beta=s["beta"],
                    tau1=s["tau1"], tau2=s["tau2"], mc_samples=s["mc_samples"],
                    buffer_order={"uncertain_first": "desc", "certain_first": "asc", "random": "random"}[

@@ -28,6 +28,7 @@ class Context:
     generator: torch.Generator  # every draw of the method (buffer, order) comes from here
     replay_batch_size: int = 32
     eval_batch_size: int = 128
+    autocast_dtype: torch.dtype | None = None  # e.g. torch.bfloat16 for the training step
 
     def seen_classes(self, task: int) -> torch.Tensor:
         """Classes of tasks 0..task."""
