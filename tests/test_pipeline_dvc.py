@@ -85,7 +85,7 @@ def test_pipeline_metrics_plots_and_mlflow_agree_and_report_compares_experiments
 
 
 def test_killed_stage_leaves_no_run_running(tmp_path, raw):
-    repo = make_project(tmp_path / "repo", data__root=str(raw), **{**SMALL, "train__epochs": 4, "model__width": 8})
+    repo = make_project(tmp_path / "repo", data__root=str(raw), **{**SMALL, "train__epochs": 2})
     run([str(BIN / "pbr"), "prepare"], repo)
     p = subprocess.Popen([str(BIN / "pbr"), "train"], cwd=repo, env=env(), stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)

@@ -57,7 +57,7 @@ def test_every_method_trains_through_dvc(tmp_path, raw):
 
 
 def test_same_seed_same_metrics_and_resume_after_sigkill(tmp_path, raw):
-    repo = _project(tmp_path, raw, method__name="pbr", train__epochs=3, model__width=8)
+    repo = _project(tmp_path, raw, method__name="pbr", train__epochs=2)
     dvc(repo, "repro")
     first = _accuracy(repo)
     # Same seed, fresh artifacts: identical metrics.
