@@ -81,7 +81,7 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # bf16 autocast of the training step (evaluation stays fp32); channels_last memory format.
     precision: Literal["fp32", "bf16"] = "fp32"
-    channels_last: bool = True
+    channels_last: bool = False
 
 
 @dataclass(frozen=True)
