@@ -82,11 +82,51 @@ def report(
                    err=True)
 
 
+@app.command()
+def sweep(
+    name: str = typer.Argument(..., help="Grid: table2 (methods x buffers x datasets), table3 (shuffled, IRs), "
+                                         "table5 (ablation)."),
+    seeds: int = typer.Option(5, "--seeds", help="Run seeds 0..N-1 of every cell (the paper averages 5 runs)."),
+    set_: list[str] = typer.Option([], "--set", "-S", help="key=value set on every run, e.g. -S train.epochs=5 "
+                                                           "(repeatable)."),
+    only: list[str] = typer.Option([], "--only", help="key=v1,v2: keep the runs with these values, e.g. --only "
+                                                      "method.name=pbr (repeatable)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the dvc commands; queue nothing."),
+    jobs: int = typer.Option(0, "--jobs", "-j", help="Start this many queue workers after queueing (0: don't)."),
+    params: Path = ParamsOpt,
+) -> None:
+    """Queue a paper grid as DVC experiments (`dvc exp run --queue`); `pbr report` tabulates them."""
+    from stages import sweep as stage
+
+    runs = stage.plan(name, seeds, stage.parse_assignments(set_, "-S"),
+                      stage.parse_assignments(only, "--only", many=True), params)
+    if dry_run:
+        typer.echo("\n".join(r.command() for r in runs))
+        typer.echo(f"{len(runs)} runs", err=True)
+        return
+    from stages import tracking
+
+    uri = tracking.init_store()  # created once, before parallel workers open it
+    queued, skipped = stage.queue(runs, log=lambda m: typer.echo(m, err=True))
+    typer.echo(f"{name}: {queued} runs queued, {skipped} already finished or queued; MLflow store {uri}", err=True)
+    if jobs > 0:
+        import subprocess
+
+        subprocess.run(["dvc", "queue", "start", "-j", str(jobs)], check=True)
+    else:
+        typer.echo("run them with: dvc queue start -j 2   (then: dvc queue status; pbr report)", err=True)
+
+
 def main() -> None:
     try:
         app()
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print("error: " + " ".join(line.strip() for line in str(e).splitlines()), file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # unwritable output folder, full disk, ...: name the file, no traceback
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}; check that the location is writable and has space",
+              file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -44,7 +44,7 @@ class DataConfig:
     n_tasks: int = _key(_positive, "a positive integer dividing the number of classes", default=5)
     # Drives the shuffled class order (numpy RandomState permutation, 1993 as in LT-CIL)
     # and the seeded choice of which images of a class are kept.
-    seed: int = 1993
+    seed: int = _key(lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)", default=1993)
     shard_mb: float = _key(_positive, "a positive number of megabytes per parquet shard", default=64.0)
 
 
@@ -102,7 +102,7 @@ class ScoreConfig:
 
 @dataclass(frozen=True)
 class Config:
-    seed: int = 0
+    seed: int = _key(lambda v: 0 <= v < 2**32, "an integer in [0, 2^32) (the training seed)", default=0)
     data: DataConfig = field(default_factory=DataConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -12,7 +12,7 @@ import json
 import math
 
 from pbr.errors import UserError
-from stages import artifacts, paths, plots
+from stages import artifacts, faults, paths, plots
 
 
 def minority_tasks(task_sizes: list[int]) -> list[int]:
@@ -91,6 +91,7 @@ def run(cfg, log=print, tracker=None) -> dict:
     artifacts.write_csv(out / "buffer_histogram.csv", [
         {"after_task": k, "class": c, "count": v} for k in range(n_tasks) for c, v in enumerate(hist[k])])
     artifacts.write_csv(out / "buffer_final.csv", [{"class": c, "count": v} for c, v in enumerate(hist[-1])])
+    faults.point("evaluate:partial")
 
     plots.heatmaps({"Class-IL": summary["class_il"]["matrix"], "Task-IL": summary["task_il"]["matrix"]},
                    out / "matrices.png")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from pbr.errors import UserError
-from stages import artifacts, paths
+from stages import artifacts, faults, paths
 from stages.config import Config
 
 
@@ -30,7 +30,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
 
     d = cfg.data
     t0 = time.perf_counter()
-    raw = load_raw(d.dataset, d.root, d.download)
+    raw = load_raw(d.dataset, paths.from_repo(d.root), d.download)
     log(f"read {raw.name} from {raw.source}: {len(raw.train_labels)} train / {len(raw.test_labels)} test images "
         f"({time.perf_counter() - t0:.1f}s)")
     try:
@@ -40,6 +40,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         raise UserError(f"data.imbalance_ratio / data.n_tasks: {e}") from None
     with artifacts.atomic_dir(paths.PREPARED) as tmp:
         manifest = write_prepared(tmp, raw, stream, cfg.to_dict()["data"], d.shard_mb)
+        faults.point("prepare:written")
     per_class, per_task = count_tables(manifest)
     artifacts.write_csv(paths.PREPARE_PLOTS / "class_counts.csv", per_class)
     artifacts.write_csv(paths.PREPARE_PLOTS / "task_counts.csv", per_task)

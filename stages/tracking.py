@@ -23,19 +23,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pbr.errors import UserError
+from stages.paths import anchor
 
 EXPERIMENT = "pbr"
 STAGES = ("prepare", "train", "score", "evaluate")
-
-
-def anchor(cwd: Path | None = None) -> Path:
-    """The repository root, also from inside a DVC experiment's temporary workspace."""
-    p = (cwd or Path.cwd()).resolve()
-    parts = p.parts
-    for i in range(len(parts) - 3):
-        if parts[i:i + 3] == (".dvc", "tmp", "exps"):
-            return Path(*parts[:i])
-    return p
 
 
 def tracking_uri(cwd: Path | None = None) -> str:
@@ -76,27 +67,54 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _creation_lock(uri: str) -> Iterator[None]:
+    """Serialise opening a sqlite store: the first opening creates its tables, and two processes
+    doing that at once (two queue workers) corrupt its migration history."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _client():
+    import logging
+
     from mlflow import MlflowClient
 
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Creating initial database tables" per stage
+
     uri = tracking_uri()
-    try:
-        client = MlflowClient(tracking_uri=uri)
-        exp = client.get_experiment_by_name(experiment_name())
-    except Exception as e:  # a store that cannot be opened fails in many ways
-        raise UserError(f"MLflow store {uri} cannot be opened ({type(e).__name__}: {str(e)[:160]}); "
-                        f"check MLFLOW_TRACKING_URI or remove a corrupt mlflow.db") from None
-    if exp is None:
-        artifacts = None
-        if uri.startswith("sqlite:///"):
-            artifacts = (anchor() / "mlartifacts").as_uri()
+    with _creation_lock(uri):
         try:
-            exp_id = client.create_experiment(experiment_name(), artifact_location=artifacts)
-        except Exception:  # another process created it first
-            exp_id = client.get_experiment_by_name(experiment_name()).experiment_id
-    else:
-        exp_id = exp.experiment_id
+            client = MlflowClient(tracking_uri=uri)
+            exp = client.get_experiment_by_name(experiment_name())
+        except Exception as e:  # a store that cannot be opened fails in many ways
+            raise UserError(f"MLflow store {uri} cannot be opened ({type(e).__name__}: {str(e)[:160]}); "
+                            f"check MLFLOW_TRACKING_URI or remove a corrupt mlflow.db") from None
+        if exp is None:
+            artifacts = None
+            if uri.startswith("sqlite:///"):
+                artifacts = (anchor() / "mlartifacts").as_uri()
+            try:
+                exp_id = client.create_experiment(experiment_name(), artifact_location=artifacts)
+            except Exception:  # another process (a server's client) created it first
+                exp_id = client.get_experiment_by_name(experiment_name()).experiment_id
+        else:
+            exp_id = exp.experiment_id
     return client, exp_id
+
+
+def init_store() -> str:
+    """Create the store and the experiment now (before parallel workers start); returns the URI."""
+    _client()
+    return tracking_uri()
 
 
 def mark_killed(client, exp_id: str) -> list[str]:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from pbr.errors import UserError
-from stages import artifacts, paths
+from stages import artifacts, faults, paths
 from stages.config import Config
 
 STATE = "state.pt"
@@ -120,7 +120,9 @@ def _save_task(out: Path, k: int, net, method, s: dict, rows: dict, epochs: list
         torch.save({"method": method.state_dict(), "generator": ctx.generator.get_state(),
                     "torch_rng": torch.get_rng_state(),
                     "cuda_rng": torch.cuda.get_rng_state_all() if ctx.device.type == "cuda" else None,
-                    "rows": rows, "epochs": epochs}, tmp / STATE)
+                    # As JSON text: pickling the live lists would depend on which strings are shared
+                    # objects, so a resumed run's state.pt would differ in bytes from an uninterrupted one's.
+                    "log": json.dumps({"rows": rows, "epochs": epochs})}, tmp / STATE)
 
 
 def _track_task(tracker, k: int, rows: dict, epochs_log: list, epochs: int) -> None:
@@ -157,6 +159,11 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     device = resolve_device(cfg.train.device)
     s = settings(cfg)
     out = paths.TRAIN
+    stream = sum(manifest["task_train_counts"])
+    if s["buffer_size"] > stream:
+        raise UserError(f"method.buffer_size = {s['buffer_size']} is larger than the whole training stream "
+                        f"({stream} samples in {paths.PREPARED}): the buffer would keep every sample; use at "
+                        f"most {stream}, or method.name = joint for training on everything")
     fp = fingerprint(s, manifest, device)
     run_file = out / "run.json"
     if run_file.is_file() and json.loads(run_file.read_text()).get("fingerprint") != fp:
@@ -204,7 +211,8 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         torch.set_rng_state(state["torch_rng"])
         if state["cuda_rng"] is not None:
             torch.cuda.set_rng_state_all(state["cuda_rng"])
-        rows, epochs_log = state["rows"], state["epochs"]
+        history = json.loads(state["log"])
+        rows, epochs_log = history["rows"], history["epochs"]
         log(f"resuming after task {start} of {n_tasks} (finished tasks are kept in {out})")
         for k in range(start):  # this run gets the finished tasks' records too
             _track_task(tracker, k, rows, epochs_log, s["epochs"])
@@ -214,9 +222,13 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         images, labels = method.task_data(k, train_sets)
         method.begin_task(k, images, labels)
         progress = TaskProgress(k, n_tasks, s["epochs"], labels.shape[0])
+
+        def on_epoch(e, k=k, progress=progress):
+            progress.on_epoch(e)
+            faults.point(f"train:task{k}:epoch{e.epoch}")
+
         try:
-            stats = fit_task(method, images, labels, s["epochs"], s["batch_size"], progress.on_batch,
-                             progress.on_epoch)
+            stats = fit_task(method, images, labels, s["epochs"], s["batch_size"], progress.on_batch, on_epoch)
         finally:
             progress.close()
         method.end_task(k, images, labels)
@@ -228,6 +240,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         _track_task(tracker, k, rows, epochs_log, s["epochs"])
         log(f"task {k + 1}/{n_tasks} done: Class-IL {[round(a, 2) for a in c_row[: k + 1]]}, "
             f"Task-IL {[round(a, 2) for a in t_row[: k + 1]]}")
+        faults.point(f"train:after_task{k}")
 
     summary = {
         "class_il": {"matrix": rows["class_il"], "acc": metrics.acc(rows["class_il"]),

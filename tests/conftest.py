@@ -18,3 +18,13 @@ def _quiet_env(monkeypatch):
     # Keep DVC and MLflow from phoning home or picking up a user's settings.
     monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
     monkeypatch.setenv("DVC_NO_UPDATE_CHECK", "1")
+
+
+@pytest.fixture(scope="session")
+def finished(tmp_path_factory):
+    """One complete `dvc repro` (generated CIFAR-10, PBR, width 4, 2 epochs); copy it to change it.
+
+    Tests that use it carry `xdist_group("finished")` so one worker builds it once."""
+    from project import finished_project
+
+    return finished_project(tmp_path_factory.mktemp("finished"))

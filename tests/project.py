@@ -60,3 +60,32 @@ def make_project(dest: Path, **params) -> Path:
 
 def dvc(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     return run([str(BIN / "dvc"), *args], repo, check=check)
+
+
+def copy_project(src: Path, dest: Path) -> Path:
+    """An independent copy of a project (git history, DVC cache, outputs, MLflow store) to change."""
+    shutil.copytree(src, dest, symlinks=True)
+    return dest
+
+
+def commit(repo: Path, message: str) -> None:
+    run(["git", "add", "-A"], repo)
+    run(["git", "commit", "-q", "-m", message], repo)
+
+
+# The small configuration of the end-to-end tests: generated CIFAR-10 (10 classes x 60, IR 0.1),
+# ResNet18 of width 4, PBR, 2 epochs per task (so a kill can land inside a task).
+SMALL = dict(data__download=False, data__imbalance_ratio=0.1, model__width=4, train__epochs=2,
+             train__device="cpu", train__eval_batch_size=256, method__mc_samples=4)
+
+
+def finished_project(tmp: Path) -> Path:
+    """A project after one complete `dvc repro` of the whole pipeline, results committed."""
+    import fakedata
+
+    raw = tmp / "raw"
+    fakedata.write_cifar(raw, 10, 60, 6)
+    repo = make_project(tmp / "finished", data__root=str(raw), **SMALL)
+    dvc(repo, "repro")
+    commit(repo, "results")
+    return repo

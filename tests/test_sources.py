@@ -66,6 +66,29 @@ def test_failed_download_is_one_clear_error(tmp_path, monkeypatch):
         load_raw("cifar100", tmp_path, download=True)
 
 
+def test_download_lands_whole_and_leaves_no_temporary_files(tmp_path, monkeypatch):
+    import functools
+    import http.server
+    import threading
+
+    served = fakedata.write_cifar(tmp_path / "server", 10, 20, 4)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(sources, "CIFAR10_URL", f"http://127.0.0.1:{server.server_port}/{served.name}")
+    root = tmp_path / "raw"
+    try:
+        ds = load_raw("cifar10", root, download=True)
+    finally:
+        server.shutdown()
+    assert len(ds.train_labels) == 200
+    assert (root / served.name).read_bytes() == served.read_bytes()
+    assert not list(root.glob(".download-*"))
+    # Present now: a second load does not fetch again (the served file is gone).
+    served.unlink()
+    assert load_raw("cifar10", root, download=True).content_hash() == ds.content_hash()
+
+
 def test_truncated_archive(tmp_path):
     p = fakedata.write_cifar(tmp_path, 10, 40, 6)
     p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])

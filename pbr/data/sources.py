@@ -104,7 +104,7 @@ def _cifar_members(layout: _CifarLayout, path: Path) -> dict[str, bytes]:
                         found[base] = tar.extractfile(m).read()
         except (tarfile.TarError, EOFError, OSError) as e:
             raise DataError(
-                f"{path}: not a readable {layout.title} archive ({type(e).__name__}: {e}); "
+                f"{path}: not a readable {layout.title} archive ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                 f"the file is truncated or corrupt, replace it"
             ) from None
     missing = sorted(wanted - set(found))
@@ -264,14 +264,30 @@ def _candidates(dataset: str, root: Path) -> list[Path]:
     return [root / "tiny-imagenet-200", root / "tiny-imagenet-200.zip"]
 
 
-def _download(dataset: str, root: Path) -> None:
+def _download(dataset: str, root: Path, cands: list[Path]) -> None:
+    """Fetch the archive into `root`: into a temporary folder first, renamed when complete, under a
+    lock, so concurrent runs (two queue workers) download once and a killed download leaves nothing."""
+    import fcntl
+    import shutil
+    import tempfile
+
     url = {"cifar10": CIFAR10_URL, "cifar100": CIFAR100_URL, "tinyimagenet": TINYIMAGENET_URL}[dataset]
     try:
         from torchvision.datasets.utils import download_url
 
         root.mkdir(parents=True, exist_ok=True)
-        # We only fetch the archive; reading (and validation by content) is ours.
-        download_url(url, str(root))
+        with open(root / f".{dataset}.download.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if any(p.exists() for p in cands):  # another run fetched it while we waited
+                return
+            tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=root))
+            try:
+                # We only fetch the archive; reading (and validation by content) is ours.
+                download_url(url, str(tmp))
+                name = url.rsplit("/", 1)[-1]
+                (tmp / name).replace(root / name)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     except Exception as e:
         raise DataError(
             f"downloading {dataset} into {root} failed ({type(e).__name__}: {str(e)[:120]}); "
@@ -285,7 +301,7 @@ def load_raw(dataset: str, root: str | Path, download: bool = False) -> RawDatas
     cands = _candidates(dataset, root)
     path = next((p for p in cands if p.exists()), None)
     if path is None and download:
-        _download(dataset, root)
+        _download(dataset, root, cands)
         path = next((p for p in cands if p.exists()), None)
     if path is None:
         looked = " or ".join(str(p) for p in cands)

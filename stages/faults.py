@@ -1,0 +1,23 @@
+"""Fault injection for the kill tests: `PBR_KILL_AT=<point>` SIGKILLs the stage at that point.
+
+A SIGKILL cannot be caught, so this is the same death as an OOM kill or a pulled plug, placed at
+a chosen instant instead of a raced one. Points: `prepare:written` (shards written, not yet
+renamed into place), `train:task<K>:epoch<E>` (inside task K, after its epoch E),
+`train:after_task<K>` (task K saved and tracked, task K+1 not begun), `evaluate:partial`
+(some reports rewritten, metrics.json not yet). With `PBR_KILL_GROUP=1` the whole process group
+dies: the stage and the `dvc repro` that started it (start that in its own session).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "PBR_KILL_AT"
+
+
+def point(name: str) -> None:
+    if os.environ.get(ENV) == name:
+        if os.environ.get("PBR_KILL_GROUP") == "1":
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,186 @@
+"""Bad input of every kind: one clear line naming the parameter or file and the fix, exit 2, and no
+half-written artifact."""
+
+import subprocess
+import sys
+
+import pytest
+
+import fakedata
+from conftest import ROOT
+from stages.config import Config, ConfigError, from_dict
+
+# Every parameter with the invalid values a user can write for it.
+INVALID = {
+    "seed": ["x", 1.5, -1, True],
+    "data.dataset": ["mnist", 10],
+    "data.root": ["", 5],
+    "data.download": ["yes", 1],
+    "data.setting": ["random", 1],
+    "data.imbalance_ratio": [0, -0.1, 1.5, "0.01", True],
+    "data.n_tasks": [0, 3, 2.5, "5"],
+    "data.seed": [True, "a", -1],
+    "data.shard_mb": [0, -1, "big"],
+    "method.name": ["icarl", 1],
+    "method.buffer_size": [-5, 2.5, "200"],
+    "method.alpha": [-1, "big"],
+    "method.beta": [-1, "x"],
+    "method.tau1": [0, -1, "x"],
+    "method.tau2": [0, -2],
+    "method.mc_samples": [0, 1.5],
+    "method.buffer_order": ["max"],
+    "method.walk_candidate": ["stay"],
+    "method.walk_count": ["all"],
+    "method.replay_ce": ["yes", 1],
+    "train.epochs": [0, 1.5],
+    "train.batch_size": [0, 1.0],
+    "train.replay_batch_size": [0, -1],
+    "train.eval_batch_size": [0, "x"],
+    "train.lr": [0, -0.1, "fast"],
+    "train.device": ["tpu", 0],
+    "train.precision": ["fp16"],
+    "train.channels_last": ["yes"],
+    "model.width": [0, -1, 8.5],
+    "model.head": ["mlp"],
+    "model.scale": [0, -1],
+    "model.dropout": [1.0, -0.1, "x"],
+    "score.dropout": [1.0, -0.5, "x"],
+    "score.temperature": [0, "x"],
+}
+
+
+def test_every_parameter_has_invalid_values_listed():
+    assert set(INVALID) == set(Config().flat())
+
+
+def _nested(key, value):
+    head, _, leaf = key.rpartition(".")
+    return {head: {leaf: value}} if head else {leaf: value}
+
+
+CASES = [(k, v) for k, vs in INVALID.items() for v in [*vs, [1, 2], {"a": 1}]]
+
+
+@pytest.mark.parametrize("key,value", CASES, ids=[f"{k}={v!r}" for k, v in CASES])
+def test_every_invalid_value_is_one_line_naming_the_key(key, value):
+    with pytest.raises(ConfigError) as e:
+        from_dict(_nested(key, value))
+    msg = str(e.value)
+    assert msg.startswith(f"params.yaml: {key} = ") and "\n" not in msg, msg
+
+
+# ---------------------------------------------------------------- through the `pbr` command
+
+SMALL = {"data": {"download": False, "imbalance_ratio": 0.1}, "model": {"width": 4},
+         "train": {"epochs": 1, "device": "cpu"}}
+
+
+def _project(path, raw_root, **sections):
+    import yaml
+
+    path.mkdir(parents=True, exist_ok=True)
+    params = {k: dict(v) for k, v in SMALL.items()}
+    params["data"]["root"] = str(raw_root)
+    for section, values in sections.items():
+        params.setdefault(section, {}).update(values)
+    (path / "params.yaml").write_text(yaml.safe_dump(params))
+    return path
+
+
+def _pbr(repo, stage):
+    import os
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}"}
+    return subprocess.run([sys.executable, "-m", "stages.cli", stage], cwd=repo, capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def _one_line_error(r, *needles):
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    lines = [x for x in r.stderr.splitlines() if x.strip() and " INFO " not in x]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-2000:]
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+def _leftovers(repo):
+    """Files a failed stage must not leave: partial outputs under temporary names."""
+    return [p for p in repo.rglob("*") if ".tmp-" in p.name or ".old-" in p.name or ".download-" in p.name]
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory):
+    root = tmp_path_factory.mktemp("raw")
+    fakedata.write_cifar(root, 10, 60, 6)
+    return root
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, raw):
+    repo = _project(tmp_path_factory.mktemp("prepared"), raw)
+    r = _pbr(repo, "prepare")
+    assert r.returncode == 0, r.stderr
+    return repo
+
+
+@pytest.mark.parametrize("damage,needle", [
+    ("truncate", "truncated or corrupt"),
+    ("garbage", "truncated or corrupt"),
+    ("missing", "no cifar10 data in"),
+])
+def test_bad_archive(tmp_path, damage, needle):
+    raw = tmp_path / "raw"
+    archive = fakedata.write_cifar(raw, 10, 20, 4)
+    if damage == "truncate":
+        archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    elif damage == "garbage":
+        archive.write_bytes(b"not an archive at all" * 100)
+    else:
+        archive.unlink()
+    repo = _project(tmp_path / "repo", raw)
+    _one_line_error(_pbr(repo, "prepare"), needle)
+    assert not (repo / "data").exists() and not _leftovers(repo)
+
+
+def test_a_class_left_with_no_sample(tmp_path, raw):
+    repo = _project(tmp_path, raw, data={"imbalance_ratio": 0.001})
+    _one_line_error(_pbr(repo, "prepare"), "data.imbalance_ratio", "no training image", "ratio >=")
+    assert not (repo / "data/prepared").exists() and not _leftovers(repo)
+
+
+def test_output_folder_that_cannot_be_written(tmp_path, raw):
+    repo = _project(tmp_path, raw)
+    (repo / "data").write_text("a file where the output folder should go")
+    _one_line_error(_pbr(repo, "prepare"), "data")
+    assert (repo / "data").read_text().startswith("a file") and not _leftovers(repo)
+
+
+def _copy(prepared, dest, **sections):
+    import shutil
+
+    shutil.copytree(prepared / "data", dest / "data")
+    return _project(dest, "unused", **sections)
+
+
+def test_corrupted_shard_is_caught_before_training(tmp_path, prepared):
+    repo = _copy(prepared, tmp_path)
+    shard = sorted((repo / "data/prepared/task_02").glob("train-*.parquet"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    _one_line_error(_pbr(repo, "train"), "task_02/train-000.parquet does not match its hash", "dvc repro prepare")
+    assert not list((repo / "artifacts/train").glob("task_*")) and not _leftovers(repo)
+
+
+def test_buffer_larger_than_the_stream(tmp_path, prepared):
+    repo = _copy(prepared, tmp_path, method={"name": "er", "buffer_size": 100000})
+    _one_line_error(_pbr(repo, "train"), "method.buffer_size = 100000 is larger than the whole training stream")
+    assert not (repo / "artifacts").exists() and not _leftovers(repo)
+
+
+def test_training_output_that_cannot_be_written(tmp_path, prepared):
+    repo = _copy(prepared, tmp_path)
+    (repo / "artifacts").write_text("in the way")
+    _one_line_error(_pbr(repo, "train"), "artifacts")
+    assert not _leftovers(repo)

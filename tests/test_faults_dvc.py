@@ -1,0 +1,96 @@
+"""SIGKILL at chosen instants of prepare, train (inside a task, between tasks) and evaluate: re-running
+finishes with results identical to the uninterrupted run, and no MLflow run is left RUNNING.
+
+The kills are placed by `PBR_KILL_AT` (stages/faults.py): a real SIGKILL, at a chosen instant
+instead of a raced one."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from project import BIN, copy_project, dvc, env
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("finished")]
+
+
+def _killed_repro(repo, point, *args, group=False):
+    """`dvc repro` with the stage killed at `point` (with group: dvc killed too); returns its result."""
+    e = {**env(), "PBR_KILL_AT": point, "PBR_KILL_GROUP": "1" if group else "0"}
+    return subprocess.run([str(BIN / "dvc"), "repro", *args], cwd=repo, env=e, capture_output=True, text=True,
+                          start_new_session=True, timeout=600)
+
+
+def _statuses(repo):
+    from mlflow import MlflowClient
+
+    c = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    return sorted(r.info.status for r in c.search_runs([c.get_experiment_by_name("pbr").experiment_id]))
+
+
+def _files(root):
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _assert_same_results(repo, finished):
+    assert (repo / "reports/metrics.json").read_text() == (finished / "reports/metrics.json").read_text()
+    assert _files(repo / "artifacts/train") == _files(finished / "artifacts/train")  # models, buffers, states
+    assert (repo / "dvc.lock").read_text() == (finished / "dvc.lock").read_text()
+    assert "up to date" in dvc(repo, "status").stdout
+    assert "RUNNING" not in _statuses(repo)
+
+
+def test_kill_inside_a_task_and_between_tasks_of_train(tmp_path, finished):
+    repo = copy_project(finished, tmp_path / "repo")
+    shutil.rmtree(repo / "artifacts/train")
+    before = _statuses(repo)
+
+    r = _killed_repro(repo, "train:task2:epoch0")  # inside task 2 (of 0..4), after its first epoch
+    assert r.returncode != 0
+    done = sorted(p.name for p in (repo / "artifacts/train").glob("task_*"))
+    assert done == ["task_00", "task_01"], done
+    assert not (repo / "artifacts/train/accuracy.json").exists()
+    assert _statuses(repo).count("RUNNING") == 1  # as the kill left it
+
+    # Between tasks, and `dvc repro` itself killed with the stage.
+    r = _killed_repro(repo, "train:after_task3", group=True)
+    assert r.returncode != 0
+    assert (repo / "artifacts/train/task_03/state.pt").is_file()
+    assert not (repo / "artifacts/train/task_04").exists()
+
+    r = dvc(repo, "repro")
+    assert "resuming after task 4 of 5" in r.stdout + r.stderr
+    _assert_same_results(repo, finished)
+    assert _statuses(repo) == sorted(before + ["KILLED", "KILLED", "FINISHED"])
+
+
+def test_kill_during_prepare(tmp_path, finished):
+    repo = copy_project(finished, tmp_path / "repo")
+    shutil.rmtree(repo / "data/prepared")
+    # --force: otherwise DVC restores the output from its run cache and prepare does not run.
+    r = _killed_repro(repo, "prepare:written", "--force", "prepare")
+    assert r.returncode != 0
+    assert not (repo / "data/prepared").exists()  # the written shards were never renamed into place
+    assert list((repo / "data").glob(".prepared.tmp-*"))  # what the kill left, under a temporary name
+    dvc(repo, "repro", "--force", "prepare")
+    dvc(repo, "repro")
+    assert _files(repo / "data/prepared") == _files(finished / "data/prepared")
+    assert not list((repo / "data").glob(".prepared.*"))
+    _assert_same_results(repo, finished)
+
+
+def test_kill_during_evaluate(tmp_path, finished):
+    repo = copy_project(finished, tmp_path / "repo")
+    shutil.rmtree(repo / "reports/eval")
+    os.unlink(repo / "reports/metrics.json")
+    r = _killed_repro(repo, "evaluate:partial")
+    assert r.returncode != 0
+    assert (repo / "reports/eval/class_il_matrix.csv").is_file() and not (repo / "reports/metrics.json").exists()
+    dvc(repo, "repro")
+    for f in ("class_il_matrix.csv", "task_il_matrix.csv", "weight_norms.csv", "buffer_histogram.csv"):
+        assert (repo / "reports/eval" / f).read_bytes() == (finished / "reports/eval" / f).read_bytes(), f
+    assert json.loads((repo / "reports/metrics.json").read_text()) == json.loads(
+        (finished / "reports/metrics.json").read_text())
+    assert "RUNNING" not in _statuses(repo)

@@ -1,0 +1,53 @@
+"""Team sharing with the real tools: a local-directory DVC remote and a bare git repository.
+
+Push the prepared shards, models and buffers; clone elsewhere and `dvc pull` the identical
+artifacts, with nothing for `dvc repro` to run; `dvc exp push` / `dvc exp pull` one experiment."""
+
+import json
+
+import pytest
+
+from project import commit, copy_project, dvc, run
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("finished")]
+
+SHARED = ("data/prepared", "artifacts/train", "artifacts/score")
+
+
+def _files(root):
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_push_pull_and_experiments_between_two_clones(tmp_path, finished):
+    a = copy_project(finished, tmp_path / "alice")
+    origin, store = tmp_path / "origin.git", tmp_path / "dvc-store"
+    run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], tmp_path)
+    dvc(a, "remote", "add", "-d", "team", str(store))
+    commit(a, "team remote")
+    run(["git", "remote", "add", "origin", str(origin)], a)
+    run(["git", "push", "-q", "origin", "main"], a)
+    dvc(a, "push")
+
+    b = tmp_path / "bob"
+    run(["git", "clone", "-q", str(origin), str(b)], tmp_path)
+    assert not (b / "artifacts").exists()
+    dvc(b, "pull")
+    for out in SHARED:
+        assert _files(b / out) == _files(a / out), out
+    assert "up to date" in dvc(b, "status").stdout
+    r = dvc(b, "repro")
+    assert "Running stage" not in r.stdout and "didn't change" in r.stdout
+
+    # One experiment (a different scoring temperature: only `score` re-runs), shared through
+    # the bare repository (git refs) and the DVC remote (its outputs).
+    out = dvc(a, "exp", "run", "-n", "warm-score", "-S", "score.temperature=0.5").stdout
+    assert "Running stage 'score'" in out and "Running stage 'train'" not in out
+    dvc(a, "exp", "push", "origin", "warm-score")
+    dvc(b, "exp", "pull", "origin", "warm-score")
+    assert "warm-score" in dvc(b, "exp", "ls", "--name-only").stdout
+    dvc(b, "exp", "apply", "warm-score")
+    dvc(b, "checkout")
+    assert _files(b / "artifacts/score") == _files(a / "artifacts/score")
+    assert _files(b / "artifacts/score") != _files(finished / "artifacts/score")
+    shown = json.loads(dvc(b, "exp", "show", "--json").stdout)
+    assert "warm-score" in json.dumps(shown)

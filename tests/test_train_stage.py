@@ -1,0 +1,105 @@
+"""The train stage in-process on small generated data: every method, determinism, starting over.
+
+`dvc repro` of the same stage (and its kills and resumes) is in test_pipeline_dvc / test_faults_dvc;
+here the stage's own behaviour is checked without paying process start-up per run."""
+
+import json
+import shutil
+
+import pytest
+
+import fakedata
+from stages.config import from_dict
+
+SMALL = {"data": {"download": False, "imbalance_ratio": 0.1}, "model": {"width": 4},
+         "train": {"epochs": 1, "device": "cpu", "eval_batch_size": 256}, "method": {"mc_samples": 4}}
+
+
+def _cfg(raw, **sections):
+    d = {k: dict(v) for k, v in SMALL.items()}
+    d["data"]["root"] = str(raw)
+    for section, values in sections.items():
+        d.setdefault(section, {}).update(values)
+    return from_dict(d)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    from stages import prepare
+
+    root = tmp_path_factory.mktemp("prepared")
+    fakedata.write_cifar(root / "raw", 10, 60, 6)
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        prepare.run(_cfg(root / "raw"), log=lambda *_: None)
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+@pytest.fixture
+def workdir(tmp_path, prepared, monkeypatch):
+    shutil.copytree(prepared / "data", tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _train(cfg):
+    from stages import train
+
+    lines = []
+    summary = train.run(cfg, log=lines.append)
+    return summary, "\n".join(lines)
+
+
+@pytest.mark.parametrize("name", ["sgd", "joint", "er", "der", "derpp", "pbr"])
+def test_every_method_trains_and_saves_each_task(workdir, prepared, name):
+    summary, _ = _train(_cfg(prepared / "raw", method={"name": name}))
+    assert summary["settings"]["method"] == name
+    m = summary["class_il"]["matrix"]
+    assert len(m) == 5 and all(len(r) == 5 for r in m)
+    for k in range(5):
+        task = workdir / f"artifacts/train/task_{k:02d}"
+        assert (task / "model.pt").is_file() and (task / "state.pt").is_file()
+        assert (task / "buffer.parquet").is_file() == (name not in ("sgd", "joint"))
+        assert all(v == 0 for v in m[k][k + 1:])  # Class-IL on unseen classes is 0
+    assert 0 <= summary["class_il"]["acc"] <= 100 and 0 <= summary["task_il"]["acc"] <= 100
+    if name in ("sgd", "joint"):
+        return
+    import pyarrow.parquet as pq
+
+    buf = pq.read_table(workdir / "artifacts/train/task_04/buffer.parquet")
+    assert buf.num_rows == 200
+    assert set(buf.column_names) == {"image", "label", "task", "score", "logits"}
+
+
+def test_same_seed_same_bytes_and_changed_settings_start_over(workdir, prepared):
+    cfg = _cfg(prepared / "raw", method={"name": "er"})
+    first, _ = _train(cfg)
+    files = {p: p.read_bytes() for p in sorted((workdir / "artifacts/train").rglob("*")) if p.is_file()}
+    shutil.rmtree(workdir / "artifacts/train")
+    again, _ = _train(cfg)
+    assert again == first
+    assert {p: p.read_bytes() for p in files} == files  # models, buffers and states byte for byte
+
+    # A finished run with the same settings trains nothing new.
+    _, log = _train(cfg)
+    assert "resuming after task 5 of 5" in log
+    # Other settings: the saved tasks are not resumed.
+    changed, log = _train(_cfg(prepared / "raw", method={"name": "er"}, train={"lr": 0.05}))
+    assert "starting over" in log and changed["settings"]["lr"] == 0.05
+
+
+def test_cuda_requested_without_a_gpu_is_a_clear_error(workdir, prepared):
+    import torch
+
+    from pbr.errors import UserError
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(UserError, match="train.device = cuda but no CUDA device is visible; use auto or cpu"):
+        _train(_cfg(prepared / "raw", train={"device": "cuda"}))
+    assert not (workdir / "artifacts").exists()
