@@ -106,13 +106,14 @@ def sweep(
         return
     from stages import tracking
 
-    uri = tracking.init_store()  # created once, before parallel workers open it
-    queued, skipped = stage.queue(runs, log=lambda m: typer.echo(m, err=True))
-    typer.echo(f"{name}: {queued} runs queued, {skipped} already finished or queued; MLflow store {uri}", err=True)
+    # The store is created once, before parallel workers open it.
+    queued, skipped = stage.queue(runs, log=lambda m: typer.echo(m, err=True), before=tracking.init_store)
+    typer.echo(f"{name}: {queued} runs queued, {skipped} already finished or queued; MLflow store "
+               f"{tracking.tracking_uri()}", err=True)
     if jobs > 0:
         import subprocess
 
-        subprocess.run(["dvc", "queue", "start", "-j", str(jobs)], check=True)
+        subprocess.run([sys.executable, "-m", "dvc", "queue", "start", "-j", str(jobs)], check=True)
     else:
         typer.echo("run them with: dvc queue start -j 2   (then: dvc queue status; pbr report)", err=True)
 

@@ -10,7 +10,7 @@ by uncertainty) under reports/score/.
 from __future__ import annotations
 
 
-from stages import artifacts, paths, plots
+from stages import artifacts, paths, plots, threads
 
 
 def load_net(path, device):
@@ -42,6 +42,7 @@ def run(cfg, log=print, tracker=None) -> dict:
     if not last.is_file():
         raise UserError(f"{last} is missing: training has not finished; run `dvc repro train`")
     device = resolve_device(cfg.train.device)
+    threads.configure(cfg.train.threads)
     mean, std = MEAN_STD[manifest["dataset"]]
     pre = lambda x: normalize(x, mean, std)  # noqa: E731
     gen = torch.Generator(device=device).manual_seed(cfg.seed)

@@ -189,18 +189,26 @@ def existing(repo) -> set[str]:
     return names
 
 
-def queue(runs: list[Run], log=print) -> tuple[int, int]:
-    """Queue the runs that are not finished or queued already; returns (queued, skipped)."""
+def queue(runs: list[Run], log=print, before=None) -> tuple[int, int]:
+    """Queue the runs that are not finished or queued already; returns (queued, skipped).
+    `before` is called once the repository is open, before the first run is queued."""
+    from dvc.exceptions import DvcException
     from dvc.repo import Repo
 
-    with Repo(".") as repo:
-        have = existing(repo)
-        queued = skipped = 0
-        for r in runs:
-            if r.name in have:
-                skipped += 1
-                continue
-            repo.experiments.run(queue=True, name=r.name, params=r.set_params())
-            queued += 1
-            log(f"queued {r.name}")
+    queued = skipped = 0
+    try:
+        with Repo(".") as repo:
+            have = existing(repo)
+            if before is not None:
+                before()
+            for r in runs:
+                if r.name in have:
+                    skipped += 1
+                    continue
+                repo.experiments.run(queue=True, name=r.name, params=r.set_params())
+                queued += 1
+                log(f"queued {r.name}")
+    except DvcException as e:
+        done = f" ({queued} queued before it)" if queued else ""
+        raise UserError(f"dvc could not queue the sweep{done}: {e}; run pbr sweep in the project's root") from None
     return queued, skipped

@@ -57,7 +57,7 @@ def pipeline_key(params_file: Path, commit: str) -> str:
     return h.hexdigest()[:32]
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -124,7 +124,7 @@ def mark_killed(client, exp_id: str) -> list[str]:
     for run in client.search_runs([exp_id], filter_string="attributes.status = 'RUNNING'", max_results=1000):
         tags = run.data.tags
         pid = tags.get("pbr.pid")
-        if tags.get("pbr.host") == host and pid and pid.isdigit() and not _alive(int(pid)):
+        if tags.get("pbr.host") == host and pid and pid.isdigit() and not pid_alive(int(pid)):
             client.set_terminated(run.info.run_id, "KILLED")
             killed.append(run.info.run_id)
     return killed

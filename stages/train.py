@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from pbr.errors import UserError
-from stages import artifacts, faults, paths
+from stages import artifacts, faults, paths, threads
 from stages.config import Config
 
 STATE = "state.pt"
@@ -157,6 +157,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
 
     manifest = load_manifest(paths.PREPARED)
     device = resolve_device(cfg.train.device)
+    n_threads = threads.configure(cfg.train.threads)
     s = settings(cfg)
     out = paths.TRAIN
     stream = sum(manifest["task_train_counts"])
@@ -173,8 +174,12 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         from pbr.data.shards import manifest_hash
 
         tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED), "pbr.device": str(device),
+                          "pbr.threads": n_threads,
                           **{f"resolved.{k}": v for k, v in s.items()}})
+    # threads are recorded, not fingerprinted: a run resumed with other threads goes on (results may
+    # differ in the last digits, as any change of thread count does on a CPU).
     artifacts.write_text(run_file, json.dumps({"fingerprint": fp, "settings": s, "device": str(device),
+                                               "threads": n_threads,
                                                "n_tasks": manifest["n_tasks"]}, indent=1))
 
     torch.manual_seed(cfg.seed)

@@ -1,5 +1,11 @@
+import os
+import shutil
 import sys
 from pathlib import Path
+
+# One torch thread per test process (set before torch loads): pytest-xdist runs tests side by side,
+# and oversubscribed OpenMP threads slow everything down many times over (stages/threads.py).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
@@ -24,7 +30,25 @@ def _quiet_env(monkeypatch):
 def finished(tmp_path_factory):
     """One complete `dvc repro` (generated CIFAR-10, PBR, width 4, 2 epochs); copy it to change it.
 
-    Tests that use it carry `xdist_group("finished")` so one worker builds it once."""
+    Built once per test session, also under pytest-xdist: the first worker builds it under a lock in
+    the directory the workers share, the others wait and reuse it."""
+    import fcntl
+
     from project import finished_project
 
-    return finished_project(tmp_path_factory.mktemp("finished"))
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else \
+        tmp_path_factory.getbasetemp()
+    with open(shared / "finished.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        where = shared / "finished-project"
+        if not (where / "complete").is_file():
+            shutil.rmtree(where, ignore_errors=True)
+            where.mkdir()
+            finished_project(where)
+            (where / "complete").touch()
+    return where / "finished"
+
+
+def pytest_collection_modifyitems(items):
+    # The longest test (two DVC queue workers) first, so pytest-xdist's workers finish together.
+    items.sort(key=lambda item: item.get_closest_marker("longest") is None)

@@ -18,6 +18,9 @@ COPY = ["pbr", "stages", "dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", 
 def env() -> dict:
     e = dict(os.environ)
     e["PATH"] = f"{BIN}{os.pathsep}{e.get('PATH', '')}"
+    # One torch thread per process: tests run side by side (pytest-xdist, queue workers), and
+    # oversubscribed OpenMP threads slow everything down many times over.
+    e.setdefault("OMP_NUM_THREADS", "1")
     e.update(DVC_NO_ANALYTICS="1", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
              GIT_COMMITTER_EMAIL="t@t")
     return e

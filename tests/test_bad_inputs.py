@@ -40,6 +40,7 @@ INVALID = {
     "train.device": ["tpu", 0],
     "train.precision": ["fp16"],
     "train.channels_last": ["yes"],
+    "train.threads": [0, -1, 1.5, "many"],
     "model.width": [0, -1, 8.5],
     "model.head": ["mlp"],
     "model.scale": [0, -1],

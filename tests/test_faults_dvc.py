@@ -13,7 +13,7 @@ import pytest
 
 from project import BIN, copy_project, dvc, env
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("finished")]
+pytestmark = pytest.mark.slow
 
 
 def _killed_repro(repo, point, *args, group=False):

@@ -29,7 +29,6 @@ def _client(repo):
     return c, c.get_experiment_by_name("pbr").experiment_id
 
 
-@pytest.mark.xdist_group("finished")
 def test_pipeline_metrics_plots_and_mlflow_agree_and_report_compares_experiments(tmp_path, finished):
     repo = copy_project(finished, tmp_path / "repo")
     metrics = json.loads((repo / "reports/metrics.json").read_text())

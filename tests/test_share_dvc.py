@@ -9,7 +9,7 @@ import pytest
 
 from project import commit, copy_project, dvc, run
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("finished")]
+pytestmark = pytest.mark.slow
 
 SHARED = ("data/prepared", "artifacts/train", "artifacts/score")
 

@@ -1,0 +1,72 @@
+"""The paper's grids as DVC experiment runs (planning only; test_sweep_dvc queues and runs them)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from pbr.errors import UserError
+from stages import sweep
+from stages.paper_results import PAPER_RESULTS
+from stages.report import buffer_of, method_label
+
+PARAMS = ROOT / "params.yaml"
+
+
+def _plan(grid, seeds=1, extra=None, only=None):
+    return sweep.plan(grid, seeds, extra or {}, only or {}, PARAMS)
+
+
+@pytest.mark.parametrize("grid,per_seed", [("table2", 42), ("table3", 8), ("table5", 6)])
+def test_grid_sizes_and_unique_names(grid, per_seed):
+    runs = _plan(grid, seeds=5)
+    assert len(runs) == 5 * per_seed
+    assert len({r.name for r in runs}) == len(runs)
+    assert sorted({r.overrides["seed"] for r in runs}) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("grid", ["table2", "table3", "table5"])
+def test_every_run_lands_on_a_row_of_the_papers_table(grid):
+    """The report's key of each run is one the paper prints (Table 5's no-buffer cosine row aside)."""
+    for r in _plan(grid):
+        p = {k: str(v) for k, v in r.overrides.items()}
+        key = (p["data.setting"], float(p["data.imbalance_ratio"]), p["data.dataset"], method_label(p), buffer_of(p))
+        if key[3] == "SGD (cosine)":
+            continue
+        assert key in PAPER_RESULTS, (r.name, key)
+
+
+def test_only_and_set():
+    runs = _plan("table3", seeds=2, extra={"train.epochs": 1}, only={"data.imbalance_ratio": [0.1, 0.05]})
+    assert len(runs) == 8
+    assert {r.overrides["data.imbalance_ratio"] for r in runs} == {0.1, 0.05}
+    assert all(r.overrides["train.epochs"] == 1 for r in runs)
+    # Settings beyond the grid make another experiment name: a quick sweep never shadows a full one.
+    assert all(r.name not in {x.name for x in _plan("table3", seeds=2)} for r in runs)
+    assert "-S 'train.epochs=1'" in runs[0].command()
+
+
+@pytest.mark.parametrize("args,msg", [
+    (("table4", 1, {}, {}), "sweep 'table4' is not a grid; use one of table2 | table3 | table5"),
+    (("table3", 0, {}, {}), "--seeds 0"),
+    (("table3", 1, {"method.buffer_size": -3}, {}), "sweep table3: params.yaml: method.buffer_size = -3"),
+    (("table3", 1, {}, {"foo.bar": [1]}), "--only foo.bar: no such parameter"),
+    (("table3", 1, {}, {"method.name": ["er"]}), "--only method.name=er: no run of table3 matches"),
+])
+def test_bad_sweeps_are_one_line_errors(args, msg):
+    with pytest.raises(UserError, match=msg.replace("(", r"\(").replace("|", r"\|").replace("+", r"\+")):
+        sweep.plan(*args, PARAMS)
+
+
+def test_cli_dry_run(tmp_path):
+    (tmp_path / "params.yaml").write_text(PARAMS.read_text())
+    r = subprocess.run([sys.executable, "-m", "stages.cli", "sweep", "table5", "--seeds", "2", "--dry-run"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 12 and all(x.startswith("dvc exp run --queue -n t5-c10-") for x in lines)
+    r = subprocess.run([sys.executable, "-m", "stages.cli", "sweep", "table3", "-S", "train.epochs"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: -S 'train.epochs': write it as key=value, e.g. -S train.epochs=5")

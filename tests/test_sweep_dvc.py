@@ -1,0 +1,65 @@
+"""`pbr sweep` through the real DVC queue with two workers at once on one machine: no run lost, the
+MLflow sqlite store intact, and `pbr report` builds the table from the finished runs."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+import fakedata
+from project import BIN, dvc, env, make_project, run
+
+pytestmark = [pytest.mark.slow, pytest.mark.longest]
+
+
+def _queue(repo):
+    """(name, status) of every queued task, from `dvc queue status`."""
+    rows = []
+    for line in dvc(repo, "queue", "status").stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[-1] in ("Queued", "Running", "Success", "Failed"):
+            rows.append((parts[1], parts[-1]))
+    return rows
+
+
+def test_two_queue_workers_lose_no_run(tmp_path):
+    raw = tmp_path / "raw"
+    fakedata.write_cifar(raw, 100, 20, 2)
+    repo = make_project(tmp_path / "repo", data__root=str(raw), data__download=False, data__dataset="cifar100",
+                        model__width=4, train__epochs=1, train__device="cpu", train__eval_batch_size=256,
+                        method__mc_samples=4)
+    sweep = [str(BIN / "pbr"), "sweep", "table3", "--seeds", "2", "--only", "data.imbalance_ratio=0.1"]
+    r = run([*sweep, "--jobs", "2"], repo)
+    assert "4 runs queued, 0 already finished or queued" in r.stderr
+    assert (repo / "mlflow.db").is_file()  # created before the workers start
+    try:
+        deadline = time.time() + 900
+        while time.time() < deadline:
+            states = _queue(repo)
+            if len(states) == 4 and all(s in ("Success", "Failed") for _, s in states):
+                break
+            time.sleep(5)
+        else:
+            raise AssertionError(f"the queue did not finish: {_queue(repo)}")
+    finally:
+        dvc(repo, "queue", "stop", check=False)
+    names = {n for n, _ in states}
+    assert all(s == "Success" for _, s in states), states
+    assert set(dvc(repo, "exp", "ls", "--name-only").stdout.split()) == names
+
+    from mlflow import MlflowClient
+
+    c = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    runs = c.search_runs([c.get_experiment_by_name("pbr").experiment_id])
+    assert len(runs) == 4 and all(x.info.status == "FINISHED" for x in runs), [x.info.status for x in runs]
+    assert {x.data.tags["dvc.exp_name"] for x in runs} == names
+    assert all(x.data.tags.get("pbr.complete") == "true" for x in runs)
+    # Two at once: some runs overlapped in time.
+    spans = sorted((x.info.start_time, x.info.end_time) for x in runs)
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans
+
+    rep = run([str(BIN / "pbr"), "report"], repo).stdout
+    assert "shuffled, IR 0.1" in rep and "DER++" in rep and "PBR" in rep and "(n=2)" in rep
+    # A second sweep queues nothing: every run is finished.
+    assert "0 runs queued, 4 already finished or queued" in run(sweep, repo).stderr
