@@ -55,9 +55,11 @@ def reference_epoch(images, labels, width, workers) -> float:
     return len(labels) / (time.perf_counter() - t)
 
 
-def our_epoch(images, labels, width, channels_last: bool) -> float:
+def our_epoch(images, labels, width, channels_last: bool, compiled: bool = False) -> float:
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     net = Net(10, width, "cosine", dropout=0.0, generator=torch.Generator().manual_seed(0)).to(memory_format=fmt)
+    if compiled:
+        net.compile()
     g = torch.Generator().manual_seed(0)
     aug = Augment(MEAN, STD)
     ctx = Context(10, [torch.arange(10)], torch.device("cpu"), lambda x, gen: aug(x, gen).contiguous(memory_format=fmt),
@@ -66,6 +68,7 @@ def our_epoch(images, labels, width, channels_last: bool) -> float:
     x = torch.from_numpy(images).permute(0, 3, 1, 2)
     y = torch.from_numpy(labels)
     m.begin_task(0, x, y)
+    fit_task(m, x[:64], y[:64], 1, 32)  # warm-up: the compile (train.compile) is not timed
     t = time.perf_counter()
     fit_task(m, x, y, 1, 32)
     return len(labels) / (time.perf_counter() - t)
@@ -86,9 +89,9 @@ def main() -> None:
     for w, r in ref.items():
         print(f"reference loop, DataLoader num_workers={w:<2}        {r:8.1f} img/s")
     best = max(ref.values())
-    for cl in (False, True):
-        ours = float(np.median([our_epoch(images, labels, a.width, cl) for _ in range(a.repeats)]))
-        name = "our loop, channels_last" if cl else "our loop, contiguous"
+    for cl, compiled in ((False, False), (True, False), (False, True), (True, True)):
+        ours = float(np.median([our_epoch(images, labels, a.width, cl, compiled) for _ in range(a.repeats)]))
+        name = "our loop, " + ("channels_last" if cl else "contiguous") + (" + compile" if compiled else "")
         print(f"{name:<46} {ours:8.1f} img/s  {ours / best:.2f}x the best reference")
 
 

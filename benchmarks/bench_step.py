@@ -30,7 +30,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--variants", default="fp32,fp32+cl,bf16,bf16+cl",
-                    help="comma list of fp32|bf16, '+cl' for channels_last")
+                    help="comma list of fp32|bf16, '+cl' for channels_last, '+compile' for torch.compile "
+                         "of the model (train.compile)")
     a = ap.parse_args()
     first = None
     for variant in a.variants.split(","):
@@ -38,7 +39,7 @@ def main() -> None:
 
 
 def run_variant(a, variant: str, first: float | None) -> float:
-    bf16, cl = variant.startswith("bf16"), variant.endswith("+cl")
+    bf16, cl, compiled = variant.startswith("bf16"), "+cl" in variant, "+compile" in variant
     fmt = torch.channels_last if cl else torch.contiguous_format
     ac = lambda: torch.autocast(a.device.split(":")[0], dtype=torch.bfloat16, enabled=bf16)  # noqa: E731
     dev = torch.device(a.device)
@@ -48,6 +49,8 @@ def run_variant(a, variant: str, first: float | None) -> float:
     print(f"# training step [{variant}], width {a.width}, batch {a.batch} (+{a.batch} replay), {machine()}")
 
     bare = Net(10, a.width, "linear", dropout=0.0).to(dev, memory_format=fmt)
+    if compiled:
+        bare.compile()
     opt = torch.optim.SGD(bare.parameters(), lr=0.03)
     x_ready = normalize(raw[: a.batch], MEAN, STD).contiguous(memory_format=fmt)
 
@@ -69,6 +72,8 @@ def run_variant(a, variant: str, first: float | None) -> float:
         cls = METHODS[name]
         head = "cosine" if name in ("sgd", "pbr") else "linear"
         net = Net(10, a.width, head, dropout=0.1 if name == "pbr" else 0.0).to(dev, memory_format=fmt)
+        if compiled:
+            net.compile()
         aug = Augment(MEAN, STD)
         ctx = Context(10, [torch.arange(0, 2, device=dev), torch.arange(2, 4, device=dev)], dev,
                       lambda x, gen: aug(x, gen).contiguous(memory_format=fmt),

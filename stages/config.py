@@ -82,6 +82,9 @@ class TrainConfig:
     # bf16 autocast of the training step (evaluation stays fp32); channels_last memory format.
     precision: Literal["fp32", "bf16"] = "fp32"
     channels_last: bool = False
+    # torch.compile of the model's forward (and its backward): faster steps after a compile of
+    # about a minute per batch shape on a CPU, so worth it for long runs only.
+    compile: bool = False
     # CPU threads of torch: auto = the cores, shared among live `dvc queue` workers (stages/threads.py).
     threads: int | Auto = _key(_positive, "a positive integer or auto", default="auto")
 

@@ -47,7 +47,7 @@ def settings(cfg: Config) -> dict:
         "replay_ce": m.replay_ce, "width": mo.width, "scale": mo.scale, "epochs": t.epochs,
         "batch_size": t.batch_size, "replay_batch_size": t.replay_batch_size,
         "eval_batch_size": t.eval_batch_size, "seed": cfg.seed, "precision": t.precision,
-        "channels_last": t.channels_last,
+        "channels_last": t.channels_last, "compile": t.compile,
     }
 
 
@@ -197,6 +197,12 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
                   autocast_dtype=torch.bfloat16 if s["precision"] == "bf16" else None)
     net = Net(manifest["n_classes"], s["width"], s["head"], s["scale"], s["dropout"], generator=init_gen).to(
         device, memory_format=fmt)
+    if s["compile"]:
+        if device.type == "cpu" and s["width"] < 8:
+            # torch 2.14's compiled CPU kernels crash the process (double free) at width 4.
+            raise UserError(f"train.compile = true with model.width = {s['width']} crashes torch's compiled "
+                            f"CPU kernels; use model.width >= 8 or train.compile: false")
+        net.compile()  # the forward only: state_dict keys stay the same; copies (the teacher) run eager
     opts = Options(lr=s["lr"], buffer_size=max(s["buffer_size"], 1), alpha=s["alpha"], beta=s["beta"],
                    tau1=s["tau1"], tau2=s["tau2"], mc_samples=s["mc_samples"],
                    buffer_order={"uncertain_first": "desc", "certain_first": "asc", "random": "random"}[
