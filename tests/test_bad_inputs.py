@@ -41,6 +41,7 @@ INVALID = {
     "train.precision": ["fp16"],
     "train.channels_last": ["yes"],
     "train.threads": [0, -1, 1.5, "many"],
+    "train.compile": ["yes", 1],
     "model.width": [0, -1, 8.5],
     "model.head": ["mlp"],
     "model.scale": [0, -1],
