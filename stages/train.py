@@ -165,6 +165,10 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         raise UserError(f"method.buffer_size = {s['buffer_size']} is larger than the whole training stream "
                         f"({stream} samples in {paths.PREPARED}): the buffer would keep every sample; use at "
                         f"most {stream}, or method.name = joint for training on everything")
+    if s["compile"] and device.type == "cpu" and s["width"] < 8:
+        # torch 2.14's compiled CPU kernels crash the process (double free) at width 4.
+        raise UserError(f"train.compile = true with model.width = {s['width']} crashes torch's compiled "
+                        f"CPU kernels; use model.width >= 8 or train.compile: false")
     fp = fingerprint(s, manifest, device)
     run_file = out / "run.json"
     if run_file.is_file() and json.loads(run_file.read_text()).get("fingerprint") != fp:
@@ -198,10 +202,6 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     net = Net(manifest["n_classes"], s["width"], s["head"], s["scale"], s["dropout"], generator=init_gen).to(
         device, memory_format=fmt)
     if s["compile"]:
-        if device.type == "cpu" and s["width"] < 8:
-            # torch 2.14's compiled CPU kernels crash the process (double free) at width 4.
-            raise UserError(f"train.compile = true with model.width = {s['width']} crashes torch's compiled "
-                            f"CPU kernels; use model.width >= 8 or train.compile: false")
         net.compile()  # the forward only: state_dict keys stay the same; copies (the teacher) run eager
     opts = Options(lr=s["lr"], buffer_size=max(s["buffer_size"], 1), alpha=s["alpha"], beta=s["beta"],
                    tau1=s["tau1"], tau2=s["tau2"], mc_samples=s["mc_samples"],

@@ -82,6 +82,11 @@ SMALL = dict(data__download=False, data__imbalance_ratio=0.1, model__width=4, tr
              train__device="cpu", train__eval_batch_size=256, method__mc_samples=4)
 
 
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    """Every file under `root` (relative path -> content), to compare two trees byte for byte."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
 def finished_project(tmp: Path) -> Path:
     """A project after one complete `dvc repro` of the whole pipeline, results committed."""
     import fakedata

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from project import BIN, copy_project, dvc, env
+from project import BIN, copy_project, dvc, env, tree_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -30,13 +30,9 @@ def _statuses(repo):
     return sorted(r.info.status for r in c.search_runs([c.get_experiment_by_name("pbr").experiment_id]))
 
 
-def _files(root):
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 def _assert_same_results(repo, finished):
     assert (repo / "reports/metrics.json").read_text() == (finished / "reports/metrics.json").read_text()
-    assert _files(repo / "artifacts/train") == _files(finished / "artifacts/train")  # models, buffers, states
+    assert tree_bytes(repo / "artifacts/train") == tree_bytes(finished / "artifacts/train")  # models, buffers, states
     assert (repo / "dvc.lock").read_text() == (finished / "dvc.lock").read_text()
     assert "up to date" in dvc(repo, "status").stdout
     assert "RUNNING" not in _statuses(repo)
@@ -76,7 +72,7 @@ def test_kill_during_prepare(tmp_path, finished):
     assert list((repo / "data").glob(".prepared.tmp-*"))  # what the kill left, under a temporary name
     dvc(repo, "repro", "--force", "prepare")
     dvc(repo, "repro")
-    assert _files(repo / "data/prepared") == _files(finished / "data/prepared")
+    assert tree_bytes(repo / "data/prepared") == tree_bytes(finished / "data/prepared")
     assert not list((repo / "data").glob(".prepared.*"))
     _assert_same_results(repo, finished)
 

@@ -7,15 +7,12 @@ import json
 
 import pytest
 
-from project import commit, copy_project, dvc, run
+from project import commit, copy_project, dvc, run, tree_bytes
 
 pytestmark = pytest.mark.slow
 
 SHARED = ("data/prepared", "artifacts/train", "artifacts/score")
 
-
-def _files(root):
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_push_pull_and_experiments_between_two_clones(tmp_path, finished):
@@ -33,7 +30,7 @@ def test_push_pull_and_experiments_between_two_clones(tmp_path, finished):
     assert not (b / "artifacts").exists()
     dvc(b, "pull")
     for out in SHARED:
-        assert _files(b / out) == _files(a / out), out
+        assert tree_bytes(b / out) == tree_bytes(a / out), out
     assert "up to date" in dvc(b, "status").stdout
     r = dvc(b, "repro")
     assert "Running stage" not in r.stdout and "didn't change" in r.stdout
@@ -47,7 +44,7 @@ def test_push_pull_and_experiments_between_two_clones(tmp_path, finished):
     assert "warm-score" in dvc(b, "exp", "ls", "--name-only").stdout
     dvc(b, "exp", "apply", "warm-score")
     dvc(b, "checkout")
-    assert _files(b / "artifacts/score") == _files(a / "artifacts/score")
-    assert _files(b / "artifacts/score") != _files(finished / "artifacts/score")
+    assert tree_bytes(b / "artifacts/score") == tree_bytes(a / "artifacts/score")
+    assert tree_bytes(b / "artifacts/score") != tree_bytes(finished / "artifacts/score")
     shown = json.loads(dvc(b, "exp", "show", "--json").stdout)
     assert "warm-score" in json.dumps(shown)

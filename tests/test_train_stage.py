@@ -128,3 +128,11 @@ def test_compiled_model_trains_like_the_eager_one():
     compiled, s_compiled = one_step(True)
     assert compiled == pytest.approx(eager, rel=1e-4)
     assert s_eager.keys() == s_compiled.keys()  # checkpoints load either way
+
+
+def test_compile_at_a_width_that_crashes_torch_is_refused_before_writing(workdir, prepared):
+    from pbr.errors import UserError
+
+    with pytest.raises(UserError, match="train.compile = true with model.width = 4 crashes"):
+        _train(_cfg(prepared / "raw", train={"compile": True}))
+    assert not (workdir / "artifacts").exists()

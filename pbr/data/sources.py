@@ -104,7 +104,7 @@ def _cifar_members(layout: _CifarLayout, path: Path) -> dict[str, bytes]:
                         found[base] = tar.extractfile(m).read()
         except (tarfile.TarError, EOFError, OSError) as e:
             raise DataError(
-                f"{path}: not a readable {layout.title} archive ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                f"{path}: not a readable {layout.title} archive ({type(e).__name__}: {(str(e).splitlines() or [''])[0]}); "
                 f"the file is truncated or corrupt, replace it"
             ) from None
     missing = sorted(wanted - set(found))
