@@ -68,12 +68,24 @@ class MethodConfig:
     buffer_order: Literal["uncertain_first", "certain_first", "random"] = "uncertain_first"
     walk_candidate: Literal["advance", "hold"] = "advance"
     walk_count: Literal["task", "stream"] = "task"
+    # The paper's open readings (docs/method.md): what s_i of the sample-in offset counts, the
+    # logit scale the MI is taken at, the KL's normalisation, and LUCIR-style weight imprinting.
+    offset: Literal["class", "task"] = "class"
+    mi_logits: Literal["scaled", "cosine"] = "scaled"
+    kl_classes: Literal["old", "all"] = "old"
+    imprint: bool = False
+    # er/der/derpp: offer each sample to the online reservoir in every epoch (Mammoth) or in its
+    # task's first epoch only (the buffer's make-up then does not depend on per-task epochs).
+    reservoir: Literal["every_epoch", "first_epoch"] = "every_epoch"
     replay_ce: bool = True
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = _key(_positive, "a positive integer", default=50)
+    # One number for every task, or a list with one entry per task (a per-task budget).
+    epochs: int | tuple[int, ...] = _key(
+        lambda v: v > 0 if isinstance(v, int) else len(v) > 0 and all(e > 0 for e in v),
+        "a positive integer, or a list of positive integers with one entry per task", default=50)
     batch_size: int = _key(_positive, "a positive integer", default=32)
     replay_batch_size: int = _key(_positive, "a positive integer", default=32)
     eval_batch_size: int = _key(_positive, "a positive integer", default=128)
@@ -114,12 +126,19 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
 
+    def epochs_of(self, task: int) -> int:
+        """The epochs of `task` (train.epochs is one number or one entry per task)."""
+        e = self.train.epochs
+        return e if isinstance(e, int) else e[task]
+
     @property
     def n_classes(self) -> int:
         return N_CLASSES[self.data.dataset]
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        # Lists as YAML and JSON write them (a per-task train.epochs is a tuple here).
+        return dataclasses.asdict(self, dict_factory=lambda kv: {k: list(v) if isinstance(v, tuple) else v
+                                                                 for k, v in kv})
 
     def flat(self) -> dict[str, Any]:
         """Dotted keys, as `dvc exp run -S` and MLflow params spell them."""
@@ -167,6 +186,11 @@ def _convert(tp, value: Any) -> Any:
         return float(value) if ok else _NO
     if tp is str:
         return value if isinstance(value, str) and value else _NO
+    if origin is tuple:  # tuple[X, ...]: a YAML list of X
+        if not isinstance(value, (list, tuple)):
+            return _NO
+        items = [_convert(typing.get_args(tp)[0], v) for v in value]
+        return _NO if any(v is _NO for v in items) else tuple(items)
     raise TypeError(f"unsupported config type {tp}")
 
 
@@ -208,6 +232,10 @@ def _cross_checks(cfg: Config, source: str) -> None:
         raise ConfigError(f"{source}: method.buffer_size = {cfg.method.buffer_size} leaves {cfg.method.name} "
                           f"without a replay buffer; use a size >= 1 (200 or 500 in the paper)")
     n_classes, n_tasks = cfg.n_classes, cfg.data.n_tasks
+    epochs = cfg.train.epochs
+    if isinstance(epochs, tuple) and len(epochs) != n_tasks:
+        raise ConfigError(f"{source}: train.epochs = {list(epochs)} has {len(epochs)} entries but data.n_tasks = "
+                          f"{n_tasks}; give one entry per task, or one number for all")
     if n_classes % n_tasks:
         divisors = [d for d in range(1, n_classes + 1) if n_classes % d == 0]
         raise ConfigError(

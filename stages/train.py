@@ -43,8 +43,10 @@ def settings(cfg: Config) -> dict:
         "beta": r("beta", m.beta) or 0.0, "head": r("head", mo.head), "dropout": r("dropout", mo.dropout),
         "buffer_size": m.buffer_size if cls.uses_buffer else 0, "tau1": m.tau1, "tau2": m.tau2,
         "mc_samples": m.mc_samples, "buffer_order": m.buffer_order, "walk_candidate": m.walk_candidate,
-        "walk_count": m.walk_count,
-        "replay_ce": m.replay_ce, "width": mo.width, "scale": mo.scale, "epochs": t.epochs,
+        "walk_count": m.walk_count, "offset": m.offset, "mi_logits": m.mi_logits, "kl_classes": m.kl_classes,
+        "imprint": m.imprint, "reservoir": m.reservoir,
+        "replay_ce": m.replay_ce, "width": mo.width, "scale": mo.scale,
+        "epochs": [cfg.epochs_of(k) for k in range(cfg.data.n_tasks)],
         "batch_size": t.batch_size, "replay_batch_size": t.replay_batch_size,
         "eval_batch_size": t.eval_batch_size, "seed": cfg.seed, "precision": t.precision,
         "channels_last": t.channels_last, "compile": t.compile,
@@ -125,11 +127,11 @@ def _save_task(out: Path, k: int, net, method, s: dict, rows: dict, epochs: list
                     "log": json.dumps({"rows": rows, "epochs": epochs})}, tmp / STATE)
 
 
-def _track_task(tracker, k: int, rows: dict, epochs_log: list, epochs: int) -> None:
+def _track_task(tracker, k: int, rows: dict, epochs_log: list, epochs: list[int]) -> None:
     """Per-epoch training loss/accuracy (step = global epoch) and per-task accuracy (step = task)."""
     if tracker is None:
         return
-    tracker.log_series([(k * epochs + e["epoch"], {"train.loss": e["loss"], "train.accuracy": 100 * e["accuracy"]})
+    tracker.log_series([(sum(epochs[:k]) + e["epoch"], {"train.loss": e["loss"], "train.accuracy": 100 * e["accuracy"]})
                         for e in epochs_log[k]])
     seen = k + 1
     tracker.log_metrics({"class_il.seen_acc": sum(rows["class_il"][k][:seen]) / seen,
@@ -206,7 +208,9 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     opts = Options(lr=s["lr"], buffer_size=max(s["buffer_size"], 1), alpha=s["alpha"], beta=s["beta"],
                    tau1=s["tau1"], tau2=s["tau2"], mc_samples=s["mc_samples"],
                    buffer_order={"uncertain_first": "desc", "certain_first": "asc", "random": "random"}[
-                       s["buffer_order"]], candidate=s["walk_candidate"], walk_count=s["walk_count"], replay_ce=s["replay_ce"])
+                       s["buffer_order"]], candidate=s["walk_candidate"], walk_count=s["walk_count"],
+                   offset=s["offset"], mi_logits=s["mi_logits"], kl_classes=s["kl_classes"], imprint=s["imprint"],
+                   reservoir=s["reservoir"], replay_ce=s["replay_ce"])
     method = METHODS[s["method"]](net, ctx, opts)
 
     n_tasks = manifest["n_tasks"]
@@ -232,14 +236,14 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     for k in range(start, n_tasks):
         images, labels = method.task_data(k, train_sets)
         method.begin_task(k, images, labels)
-        progress = TaskProgress(k, n_tasks, s["epochs"], labels.shape[0])
+        progress = TaskProgress(k, n_tasks, s["epochs"][k], labels.shape[0])
 
         def on_epoch(e, k=k, progress=progress):
             progress.on_epoch(e)
             faults.point(f"train:task{k}:epoch{e.epoch}")
 
         try:
-            stats = fit_task(method, images, labels, s["epochs"], s["batch_size"], progress.on_batch, on_epoch)
+            stats = fit_task(method, images, labels, s["epochs"][k], s["batch_size"], progress.on_batch, on_epoch)
         finally:
             progress.close()
         method.end_task(k, images, labels)

@@ -49,6 +49,11 @@ class Options:
     buffer_order: str = "desc"
     candidate: str = "advance"
     walk_count: str = "task"
+    offset: str = "class"  # s_i of the walk's offset: per-class or per-task sample counts
+    mi_logits: str = "scaled"  # MI of softmax(s*cos/tau1) ("scaled") or softmax(cos/tau1) ("cosine")
+    kl_classes: str = "old"  # KL softmaxes over the old classes only, or over all classes seen so far
+    imprint: bool = False  # new classes' weights start at their samples' mean normalised feature
+    reservoir: str = "every_epoch"  # online reservoir offered every epoch's batches, or the first epoch's
     replay_ce: bool = True
 
 
@@ -64,6 +69,7 @@ class ContinualMethod:
         if self.uses_buffer and opts.buffer_size < 1:
             raise ValueError(f"{self.name} needs a replay buffer: buffer size must be >= 1")
         self.task = -1
+        self.epoch = 0
         self.opt: torch.optim.Optimizer | None = None
         # Training accuracy on current-task samples, summed on the device (read once an epoch).
         self.correct = torch.zeros((), dtype=torch.int64, device=ctx.device)
@@ -84,6 +90,9 @@ class ContinualMethod:
                                  self.ctx.device)
         # Plain SGD as in the paper (no momentum, no weight decay), fresh for each task.
         self.opt = torch.optim.SGD(self.net.parameters(), lr=self.opts.lr)
+
+    def begin_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
     def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
         """One optimisation step on an augmented batch `x` (raw uint8 images in `raw`).
@@ -109,6 +118,11 @@ class ContinualMethod:
         idx = self.buffer.sample(n or self.ctx.replay_batch_size, self.ctx.generator)
         images, labels, _, logits = self.buffer.get(idx)
         return self.ctx.augment(images, self.ctx.generator), labels, logits
+
+    def offers_to_reservoir(self) -> bool:
+        """Whether this epoch's batches go to the online reservoir (every epoch, as in Mammoth, or
+        only the task's first, so each sample is offered once whatever the task's epochs)."""
+        return self.opts.reservoir == "every_epoch" or self.epoch == 0
 
     def has_replay(self) -> bool:
         return self.buffer is not None and len(self.buffer) > 0

@@ -23,8 +23,9 @@ class DER(ContinualMethod):
                 bx2, by2, _ = self.replay()
                 loss = loss + self.opts.beta * self.ce(self.net(bx2), by2)
         loss = self.step(loss)
-        self.buffer.reservoir_add(raw, y, torch.full_like(y, self.task), logits=out.detach(),
-                                  generator=self.ctx.generator)
+        if self.offers_to_reservoir():
+            self.buffer.reservoir_add(raw, y, torch.full_like(y, self.task), logits=out.detach(),
+                                      generator=self.ctx.generator)
         return loss
 
 

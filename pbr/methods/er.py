@@ -18,5 +18,6 @@ class ER(ContinualMethod):
         out = self.net(inputs)
         self.count(out[: y.shape[0]], y)
         loss = self.step(self.ce(out, labels))
-        self.buffer.reservoir_add(raw, y, torch.full_like(y, self.task), generator=self.ctx.generator)
+        if self.offers_to_reservoir():
+            self.buffer.reservoir_add(raw, y, torch.full_like(y, self.task), generator=self.ctx.generator)
         return loss

@@ -2,11 +2,13 @@
 
 Loss at task c on a current batch and a buffer batch:
   CE(logits / tau1) over current and buffer samples                       (boundary constraint)
-  + alpha * KL(p_old || p_new) on buffer samples, softmax(./tau2) over old classes,
-    p_old from the frozen model of the end of task c-1
+  + alpha * KL(p_old || p_new) on buffer samples at tau2, summed over the old classes, the
+    softmaxes taken over the old classes (kl_classes=old) or all classes seen so far (all, the
+    paper's equation); p_old from the frozen model of the end of task c-1
   + beta * sum_i ||w_hat_i - w_hat_i*|| over old classes                  (prototype constraint)
 At the end of each task: MC-dropout mutual information of every training sample, then the
-uncertainty-guided reservoir walk fills the buffer (most uncertain first by default).
+uncertainty-guided reservoir walk fills the buffer. Each open reading of the paper is an option;
+docs/method.md gives what the paper says, the defaults and the evidence.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class PBR(ContinualMethod):
         self.old_prototypes: torch.Tensor | None = None
         # Running class frequencies s_i, observed from the stream itself (no prior).
         self.class_counts = torch.zeros(ctx.n_classes, dtype=torch.float64)
+        self.task_counts: list[int] = []  # samples of each finished task (offset = "task")
 
     def _old_classes(self) -> torch.Tensor:
         return torch.cat(self.ctx.task_classes[: self.task])
@@ -53,22 +56,50 @@ class PBR(ContinualMethod):
         if self.teacher is not None and (o.alpha or o.beta):
             old = self._old_classes()
             if o.alpha:
-                with torch.no_grad():
-                    t_logits = self.teacher(bx).index_select(1, old)
-                s_logits = logits[n:].index_select(1, old)
-                loss = loss + o.alpha * F.kl_div(
-                    F.log_softmax(s_logits / o.tau2, 1), F.log_softmax(t_logits / o.tau2, 1),
-                    reduction="batchmean", log_target=True)
+                loss = loss + o.alpha * self._distill(bx, logits[n:], old)
             if o.beta:
                 now = self.net.prototypes().index_select(0, old)
                 loss = loss + o.beta * (now - self.old_prototypes.index_select(0, old)).norm(dim=1).sum()
         return self.step(loss)
 
+    def _distill(self, bx: torch.Tensor, s_logits: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        """KL(p_old || p_new) at tau2 on buffer samples, summed over the old classes, batch mean."""
+        o = self.opts
+        # "old": both softmaxes over the old classes. "all": over every class seen so far (the
+        # paper's sum over j in Y), still summed over the old classes only, so the current task's
+        # logits on buffer samples are pushed down as well.
+        cols = old if o.kl_classes == "old" else self.ctx.seen_classes(self.task)
+        with torch.no_grad():
+            t_log = F.log_softmax(self.teacher(bx).index_select(1, cols) / o.tau2, 1)
+        s_log = F.log_softmax(s_logits.index_select(1, cols) / o.tau2, 1)
+        k = old.numel()  # the old classes come first in `cols`
+        t_log, s_log = t_log[:, :k], s_log[:, :k]
+        return (t_log.exp() * (t_log - s_log)).sum(1).mean()
+
+    def begin_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
+        super().begin_task(task, images, labels)
+        if self.opts.imprint and task > 0:
+            imprint_weights(self.net, images, labels, self.ctx.task_classes[task], self.ctx.preprocess,
+                            self.ctx.eval_batch_size)
+
+    def walk_offset_counts(self) -> torch.Tensor:
+        """The s_i of the sample-in offset: running counts of the classes seen before this task
+        (offset = "class"), or the sample counts of the earlier tasks (offset = "task")."""
+        if self.opts.offset == "task":
+            return torch.tensor(self.task_counts, dtype=torch.float64)
+        return self.class_counts[self.class_counts > 0]
+
+    def mi_temperature(self) -> float:
+        """The MI scores softmax(logits / t): t = tau1 on the head's logits s*cos ("scaled"), or
+        tau1 * s so that the softmax sees cos / tau1 as in the paper's MC equation ("cosine")."""
+        scale = getattr(self.net.head, "scale", 1.0)
+        return self.opts.tau1 * (scale if self.opts.mi_logits == "cosine" else 1.0)
+
     @torch.no_grad()
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
-        before = self.class_counts[self.class_counts > 0]  # classes seen before this task
+        before = self.walk_offset_counts()
         seen = self.ctx.seen_classes(task)
-        mi, _ = score_images(self.net, images, self.opts.mc_samples, self.opts.tau1, self.ctx.eval_batch_size,
+        mi, _ = score_images(self.net, images, self.opts.mc_samples, self.mi_temperature(), self.ctx.eval_batch_size,
                              self.ctx.preprocess, self.ctx.generator, classes=seen)
         # N of the sample-in probability: this walk's steps ("task") or the whole stream so far.
         start = int(self.class_counts.sum()) if self.opts.walk_count == "stream" else 0
@@ -76,6 +107,7 @@ class PBR(ContinualMethod):
                                      self.ctx.generator, order=self.opts.buffer_order,
                                      candidate=self.opts.candidate, start=start)
         self.class_counts += torch.bincount(labels.cpu(), minlength=self.ctx.n_classes).double()
+        self.task_counts.append(int(labels.shape[0]))
         self.snapshot_teacher()
 
     def snapshot_teacher(self) -> None:
@@ -83,11 +115,34 @@ class PBR(ContinualMethod):
         self.old_prototypes = self.net.prototypes().detach().clone()
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "class_counts": self.class_counts.clone()}
+        return {**super().state_dict(), "class_counts": self.class_counts.clone(),
+                "task_counts": list(self.task_counts)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.class_counts = state["class_counts"].clone()
+        self.task_counts = list(state.get("task_counts", []))
         # The teacher is the network as it was at the end of the saved task: the loaded net.
         if self.task >= 0:
             self.snapshot_teacher()
+
+
+@torch.no_grad()
+def imprint_weights(net, images: torch.Tensor, labels: torch.Tensor, classes: torch.Tensor, preprocess,
+                    batch_size: int) -> None:
+    """Weight imprinting (Qi et al. 2018, as LUCIR uses it): each new class's weight vector
+    becomes the mean normalised feature of its training samples, scaled to the mean norm of the
+    other classes' vectors (the cosine head normalises it anyway)."""
+    was_training = net.training
+    net.eval()
+    feats = torch.cat([F.normalize(net.features(preprocess(images[i:i + batch_size])), dim=1)
+                       for i in range(0, images.shape[0], batch_size)])
+    net.train(was_training)
+    w = net.head.weight
+    others = torch.ones(w.shape[0], dtype=torch.bool, device=w.device)
+    others[classes] = False
+    norm = w[others].norm(dim=1).mean() if others.any() else w.norm(dim=1).mean()
+    for c in classes.tolist():
+        mask = labels == c
+        if mask.any():
+            w[c] = F.normalize(feats[mask].mean(0), dim=0) * norm

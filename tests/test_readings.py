@@ -1,0 +1,164 @@
+"""The paper's open readings, each switched by a method option and pinned on hand-made numbers
+(docs/method.md lists them): the walk's offset counts, the MI's logit scale, the KL's
+normalisation, weight imprinting, and the reservoir that counts each sample once."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from pbr.buffer import sample_in_probability
+from pbr.loop import fit_task
+from pbr.uncertainty import mc_probs, mutual_information
+from test_methods import _setup, _task
+
+
+def _uneven_tasks():
+    """Task 0: 20 images of class 0 and 10 of class 1; task 1: 3 of class 2 and 3 of class 3."""
+    g = torch.Generator().manual_seed(5)
+    t0 = (torch.randint(0, 256, (30, 3, 32, 32), dtype=torch.uint8, generator=g),
+          torch.tensor([0] * 20 + [1] * 10))
+    t1 = (torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8, generator=g), torch.tensor([2, 3] * 3))
+    return t0, t1
+
+
+def _finish_tasks(method, tasks):
+    for t, (images, labels) in enumerate(tasks):
+        method.begin_task(t, images, labels)
+        fit_task(method, images, labels, 1, 8)
+        method.end_task(t, images, labels)
+
+
+def test_offset_counts_classes_or_tasks():
+    tasks = _uneven_tasks()
+    by_class, _ = _setup("pbr", offset="class")
+    by_task, _ = _setup("pbr", offset="task")
+    for m in (by_class, by_task):
+        _finish_tasks(m, tasks)
+    assert by_class.walk_offset_counts().tolist() == [20.0, 10.0, 3.0, 3.0]
+    assert by_task.walk_offset_counts().tolist() == [30.0, 6.0]
+    # Hand computation of P_1 = |M| / (1 + sum_i s_i w_i), w = softmax(-s), buffer 16.
+    def offset(s):
+        z = sum(math.exp(-v) for v in s)
+        return sum(v * math.exp(-v) / z for v in s)
+    assert abs(offset([20, 10, 3, 3]) - 3.0) < 5e-3 and abs(offset([30, 6]) - 6.0) < 1e-9
+    for m, s in ((by_class, [20, 10, 3, 3]), (by_task, [30, 6])):
+        p1 = sample_in_probability(1, m.walk_offset_counts(), 16)[0].item()
+        assert math.isclose(p1, 16 / (1 + offset(s)), rel_tol=1e-12)
+
+
+def test_offset_counts_survive_a_resume():
+    method, _ = _setup("pbr", offset="task")
+    _finish_tasks(method, _uneven_tasks()[:1])
+    again, _ = _setup("pbr", offset="task")
+    again.load_state_dict(method.state_dict())
+    assert again.walk_offset_counts().tolist() == [30.0]
+
+
+def _two_prototype_net(method):
+    """Prototypes e1 (class 0) and e2 (class 1); a feature along e1 has cos = [1, 0, ...]."""
+    net = method.net
+    with torch.no_grad():
+        net.head.weight.zero_()
+        net.head.weight[0, 0] = 3.0  # the cosine head normalises: the norm does not matter
+        net.head.weight[1, 1] = 0.5
+    feats = torch.zeros(1, net.feature_dim)
+    feats[0, 0] = 7.0
+    return feats
+
+
+def test_mi_scale_scaled_or_cosine():
+    """s = 10, tau1 = 0.1: the head's logits over tau1 give scores 100 * cos, the paper's MC
+    equation cos / tau1 = 10 * cos."""
+    expect = {"scaled": 1 / (1 + math.exp(-100.0)), "cosine": 1 / (1 + math.exp(-10.0))}
+    for reading, p0 in expect.items():
+        method, _ = _setup("pbr", mi_logits=reading)
+        feats = _two_prototype_net(method)
+        method.net.head.p = 0.0  # no dropout: the probabilities are the plain softmax
+        probs = mc_probs(method.net, feats, 2, method.mi_temperature(), torch.Generator(),
+                         classes=torch.tensor([0, 1]))
+        assert math.isclose(probs[0, 0, 0].item(), p0, rel_tol=1e-6), reading
+        assert math.isclose(probs[0, 0, 1].item(), 1 - p0, rel_tol=1e-3, abs_tol=1e-30), reading
+
+
+def test_mi_at_the_head_scale_ties_more_samples_at_zero():
+    """Features of a fitted net lie near their class's prototype. At 100 * cos most such samples'
+    MC softmaxes saturate, so their MI rounds to 0 and the walk's order among them is arbitrary;
+    at 10 * cos they are ranked."""
+    zeros = {}
+    for reading in ("scaled", "cosine"):
+        method, _ = _setup("pbr", mi_logits=reading)
+        net = method.net
+        net.head.p = 0.1
+        g = torch.Generator().manual_seed(0)
+        gf = torch.Generator().manual_seed(3)
+        y = torch.randint(0, 4, (400,), generator=gf)
+        noise = torch.randn(400, net.feature_dim, generator=gf) / net.feature_dim ** 0.5
+        feats = net.prototypes().detach()[y] + 0.5 * noise
+        mi, _ = mutual_information(mc_probs(net, feats, 20, method.mi_temperature(), g))
+        zeros[reading] = (mi < 1e-6).float().mean().item()
+    assert zeros["scaled"] > zeros["cosine"] + 0.2, zeros
+
+
+class _Fixed(torch.nn.Module):
+    def __init__(self, logits):
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, x):
+        return self.logits.expand(x.shape[0], -1)
+
+
+def test_kl_over_old_or_all_seen_classes():
+    """Task 1 of 2 (classes 0, 1 old; 2, 3 new), tau2 = 1. Teacher logits [1, 0, 0, 0],
+    student [0, 0, 1, 1]."""
+    e = math.e
+    # old: p_T = softmax([1, 0]), p_S = [1/2, 1/2]
+    pt = [e / (e + 1), 1 / (e + 1)]
+    old = sum(p * math.log(p / 0.5) for p in pt)
+    # all: P_T = softmax([1, 0, 0, 0]), P_S = softmax([0, 0, 1, 1]), summed over classes 0 and 1
+    PT = [e / (e + 3), 1 / (e + 3)]
+    PS = 1 / (2 + 2 * e)
+    every = sum(p * math.log(p / PS) for p in PT)
+    assert abs(old - 0.1109) < 1e-3 and abs(every - 0.6462) < 1e-3
+    student = torch.tensor([[0.0, 0.0, 1.0, 1.0]], requires_grad=True)
+    for reading, want in (("old", old), ("all", every)):
+        method, _ = _setup("pbr", kl_classes=reading, tau2=1.0)
+        method.task = 1
+        method.teacher = _Fixed(torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+        loss = method._distill(torch.zeros(1, 3, 32, 32), student, torch.tensor([0, 1]))
+        assert math.isclose(loss.item(), want, rel_tol=1e-5), reading
+        (grad,) = torch.autograd.grad(loss, student)
+        if reading == "old":
+            assert grad[0, 2:].abs().max() == 0  # new-class logits untouched
+        else:
+            assert (grad[0, 2:] > 0).all()  # gradient descent pushes them down on buffer samples
+
+
+def test_imprinting_points_new_prototypes_at_their_mean_feature():
+    for imprint in (False, True):
+        method, ctx = _setup("pbr", imprint=imprint)
+        images0, labels0 = _task(0)
+        method.begin_task(0, images0, labels0)
+        method.end_task(0, images0, labels0)
+        before = method.net.head.weight.detach().clone()
+        images1, labels1 = _task(1)
+        method.begin_task(1, images1, labels1)
+        after = method.net.head.weight.detach()
+        assert torch.equal(after[:2], before[:2])  # old classes untouched
+        net = method.net.eval()
+        with torch.no_grad():
+            f = F.normalize(net.features(ctx.preprocess(images1)), dim=1)
+        for c in (2, 3):
+            cos = F.cosine_similarity(after[c], f[labels1 == c].mean(0), dim=0).item()
+            assert (cos > 0.9999) == imprint, (imprint, c, cos)
+
+
+def test_reservoir_offers_each_sample_once_per_task_with_first_epoch():
+    """ER's online reservoir counts offered samples: every epoch (Mammoth) or the first only."""
+    for reservoir, per_epoch in (("every_epoch", 3), ("first_epoch", 1)):
+        method, ctx = _setup("er", reservoir=reservoir)
+        images, labels = _task(0)
+        method.begin_task(0, images, labels)
+        fit_task(method, images, labels, 3, 8)
+        assert method.buffer.seen == 24 * per_epoch, reservoir
