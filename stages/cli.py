@@ -85,7 +85,9 @@ def report(
 @app.command()
 def sweep(
     name: str = typer.Argument(..., help="Grid: table2 (methods x buffers x datasets), table3 (shuffled, IRs), "
-                                         "table5 (ablation)."),
+                                         "table5 (ablation), fidelity (PBR's open readings against ER)."),
+    budget: str = typer.Option("full", "--budget", help="full: params.yaml as it is (the paper's protocol); "
+                                                        "proxy: the validated cheap stand-in (docs/method.md)."),
     seeds: int = typer.Option(5, "--seeds", help="Run seeds 0..N-1 of every cell (the paper averages 5 runs)."),
     set_: list[str] = typer.Option([], "--set", "-S", help="key=value set on every run, e.g. -S train.epochs=5 "
                                                            "(repeatable)."),
@@ -99,7 +101,7 @@ def sweep(
     from stages import sweep as stage
 
     runs = stage.plan(name, seeds, stage.parse_assignments(set_, "-S"),
-                      stage.parse_assignments(only, "--only", many=True), params)
+                      stage.parse_assignments(only, "--only", many=True), params, budget)
     if dry_run:
         typer.echo("\n".join(r.command() for r in runs))
         typer.echo(f"{len(runs)} runs", err=True)

@@ -37,7 +37,7 @@ SETTINGS = ("ordered", "shuffled")
 # Params that do not change a run's results: runs differing only in these are not flagged.
 IGNORED_PARAMS = frozenset({"seed", "data.root", "data.download", "data.shard_mb", "train.device",
                             "train.eval_batch_size"})
-CSV_COLUMNS = ("setting", "imbalance_ratio", "dataset", "method", "buffer_size", "n_runs",
+CSV_COLUMNS = ("budget", "setting", "imbalance_ratio", "dataset", "method", "buffer_size", "n_runs",
                "class_il_mean", "class_il_std", "task_il_mean", "task_il_std",
                "paper_class_il", "paper_task_il", "metric", "n_tasks", "paper_n_tasks")
 
@@ -68,6 +68,7 @@ class Group:
     n_tasks: int | None
     method: str
     buffer_size: int | None
+    budget: str = "full protocol"
     runs: list[RunRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -108,23 +109,69 @@ class Report:
 
 # --------------------------------------------------------------------------- labels
 
+# PBR's readings (docs/method.md) named in a row label when a run differs from params.yaml's schema
+# default: key -> how the variant reads.
+READINGS = {
+    "method.walk_candidate": lambda v: v, "method.walk_count": lambda v: f"N over {v}",
+    "method.offset": lambda v: f"per-{v} offset", "method.mi_logits": lambda v: f"MI at {v} scale",
+    "method.kl_classes": lambda v: f"KL over {v}", "method.imprint": lambda v: "imprint" if v == "True" else "no imprint",
+    "method.tau1": lambda v: f"tau1 {v}", "method.tau2": lambda v: f"tau2 {v}", "method.alpha": lambda v: f"alpha {v}",
+    "method.beta": lambda v: f"beta {v}", "method.replay_ce": lambda v: "no replay CE" if v == "False" else "replay CE",
+}
+
+
+def _schema_default(key: str) -> str:
+    from stages.config import Config
+
+    return str(Config().flat()[key])
+
+
 def method_label(params: dict[str, str]) -> str:
     """The row label as the paper writes it: SGD, JOINT, ER, DER, DER++, PBR, plus variants,
-    e.g. "PBR (random)" (buffer_order random), "PBR (linear)" (model.head linear)."""
+    e.g. "PBR (random)" (buffer_order random), "PBR (linear)" (model.head linear), a PBR reading
+    other than the default ("PBR (per-task offset)"), "ER (lr 0.03)" for a learning rate other
+    than the method's own (the paper ran every method at 0.03)."""
+    from pbr.methods import METHODS as CLASSES
+
     name = params.get("method.name", "")
     variants = []
     if name == "pbr":
         order = params.get("method.buffer_order", "uncertain_first")
-        if order == "random":
-            variants.append("random")
-        elif order == "certain_first":
-            variants.append("certain-first")
+        if order != _schema_default("method.buffer_order"):
+            variants.append({"random": "random", "certain_first": "certain-first",
+                             "uncertain_first": "uncertain-first"}.get(order, order))
+        for key, text in READINGS.items():
+            if key in params and params[key] not in (_schema_default(key), "auto"):
+                variants.append(text(params[key]))
     head = params.get("model.head", "auto")
     default_head = "cosine" if name == "pbr" else "linear"
     if head not in ("auto", default_head):
         variants.append(head)
+    lr = params.get("train.lr", "auto")
+    if lr != "auto" and name in CLASSES:
+        own = CLASSES[name].defaults.get("lr")
+        if own is None or abs(float(lr) - own) > 1e-12:
+            variants.append(f"lr {float(lr):g}")
     label = METHODS.get(name, name)
     return f"{label} ({', '.join(variants)})" if variants else label
+
+
+def budget_of(params: dict[str, str]) -> str:
+    """"full protocol" (params.yaml's width and epochs), "proxy" (`pbr sweep --budget proxy`), or
+    the run's width and epochs."""
+    from stages.sweep import BUDGETS
+
+    width, epochs = params.get("model.width", "64"), params.get("train.epochs", "50")
+    reservoir = params.get("method.reservoir", "every_epoch")
+    proxy = BUDGETS["proxy"]
+    if (width, epochs, reservoir) == (str(proxy["model.width"]), str(proxy["train.epochs"]),
+                                      proxy["method.reservoir"]):
+        return "proxy"
+    if (width, epochs, reservoir) == (_schema_default("model.width"), _schema_default("train.epochs"),
+                                      "every_epoch"):
+        return "full protocol"
+    extra = "" if reservoir == "every_epoch" else f", reservoir {reservoir}"
+    return f"width {width}, epochs {epochs}{extra}"
 
 
 def buffer_of(params: dict[str, str]) -> int | None:
@@ -202,9 +249,9 @@ def group_runs(runs: Iterable[RunRecord]) -> tuple[list[Group], list[str]]:
         except (KeyError, ValueError) as e:
             skipped.append(f"run {r.run_id} left out: param {e} missing or not a number")
             continue
-        label = method_label(p)
-        key = (setting, ir, dataset, n_tasks, label, buf)
-        groups.setdefault(key, Group(setting, ir, dataset, n_tasks, label, buf)).runs.append(r)
+        label, budget = method_label(p), budget_of(p)
+        key = (budget, setting, ir, dataset, n_tasks, label, buf)
+        groups.setdefault(key, Group(setting, ir, dataset, n_tasks, label, buf, budget)).runs.append(r)
 
     for g in groups.values():
         # Repeats: same seed and same settings -> the newest run.
@@ -248,8 +295,12 @@ def _col_order(dataset: str, n_tasks: int | None) -> tuple:
     return (names.index(dataset) if dataset in names else len(names), dataset, n_tasks or 0)
 
 
+def _budget_rank(b: str) -> tuple:
+    return ({"full protocol": 0, "proxy": 1}.get(b, 2), b)
+
+
 def _group_order(g: Group) -> tuple:
-    return (_setting_rank(g.setting), g.imbalance_ratio, _row_order(g.method, g.buffer_size),
+    return (_budget_rank(g.budget), _setting_rank(g.setting), g.imbalance_ratio, _row_order(g.method, g.buffer_size),
             _col_order(g.dataset, g.n_tasks))
 
 
@@ -277,15 +328,17 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
                    "[paper X, N tasks] where the paper used another number of tasks.")
     tables: dict[tuple, list[Group]] = {}
     for g in groups:
-        tables.setdefault((g.setting, g.imbalance_ratio), []).append(g)
-    for (setting, ir), gs in sorted(tables.items(), key=lambda kv: (_setting_rank(kv[0][0]), kv[0][1])):
+        tables.setdefault((g.budget, g.setting, g.imbalance_ratio), []).append(g)
+    for (budget, setting, ir), gs in sorted(
+            tables.items(), key=lambda kv: (_budget_rank(kv[0][0]), _setting_rank(kv[0][1]), kv[0][2])):
         cols = sorted({(g.dataset, g.n_tasks) for g in gs}, key=lambda c: _col_order(*c))
         rows = sorted({(g.method, g.buffer_size) for g in gs}, key=lambda r: _row_order(*r))
         by_key = {(g.method, g.buffer_size, g.dataset, g.n_tasks): g for g in gs}
         header = ["Buffer", "Method"]
         for d, n in cols:
             header += [f"{_dataset_header(d, n)} Class-IL", f"{_dataset_header(d, n)} Task-IL"]
-        out += ["", f"## {setting}, IR {_fmt_ir(ir)}", "",
+        title = f"## {setting}, IR {_fmt_ir(ir)}" + ("" if budget == "full protocol" else f" ({budget})")
+        out += ["", title, "",
                 "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for method, buf in rows:
             line = ["-" if buf is None else str(buf), method]
@@ -316,7 +369,7 @@ def csv_rows(groups: list[Group], metric: str = "acc") -> list[dict[str, str]]:
         c, t = g.stats("class_il", metric), g.stats("task_il", metric)
         pc, pt = g.paper() if metric == "acc" else (None, None)
         rows.append({
-            "setting": g.setting, "imbalance_ratio": _fmt_ir(g.imbalance_ratio), "dataset": g.dataset,
+            "budget": g.budget, "setting": g.setting, "imbalance_ratio": _fmt_ir(g.imbalance_ratio), "dataset": g.dataset,
             "method": g.method, "buffer_size": "" if g.buffer_size is None else str(g.buffer_size),
             "n_runs": str(len(g.runs)),
             "class_il_mean": _num(c and c[0]), "class_il_std": _num(c and c[1]),

@@ -124,12 +124,12 @@ def test_csv_written_atomically_with_one_row_per_group(env, tmp_path):
     assert not [p for p in path.parent.iterdir() if p.name != "report.csv"]  # no temp file left
     with path.open() as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0])[:12] == ["setting", "imbalance_ratio", "dataset", "method", "buffer_size", "n_runs",
+    assert list(rows[0])[:13] == ["budget", "setting", "imbalance_ratio", "dataset", "method", "buffer_size", "n_runs",
                                   "class_il_mean", "class_il_std", "task_il_mean", "task_il_std",
                                   "paper_class_il", "paper_task_il"]
     assert len(rows) == 5
     pbr = next(r for r in rows if r["method"] == "PBR" and r["setting"] == "ordered")
-    assert pbr == {"setting": "ordered", "imbalance_ratio": "0.01", "dataset": "cifar10", "method": "PBR",
+    assert pbr == {"budget": "full protocol", "setting": "ordered", "imbalance_ratio": "0.01", "dataset": "cifar10", "method": "PBR",
                    "buffer_size": "200", "n_runs": "3", "class_il_mean": "53.0000", "class_il_std": "3.6056",
                    "task_il_mean": "90.0000", "task_il_std": "2.0000", "paper_class_il": "51.0000",
                    "paper_task_il": "89.9900", "metric": "acc", "n_tasks": "5", "paper_n_tasks": "5"}
@@ -180,16 +180,37 @@ def test_labels_repeats_and_mixed_settings():
 
     runs = [RunRecord("a", {**p, "seed": "0"}, {"class_il.acc": 10.0}, 1),
             RunRecord("b", {**p, "seed": "0"}, {"class_il.acc": 20.0}, 2),  # repeat of a: newest kept
-            RunRecord("c", {**p, "seed": "1", "train.epochs": "1"}, {"class_il.acc": 40.0}, 3),
+            RunRecord("c", {**p, "seed": "1", "train.batch_size": "16"}, {"class_il.acc": 40.0}, 3),
             RunRecord("d", {"method.name": "pbr"}, {}, 4)]  # no data.* params
     groups, skipped = report.group_runs(runs)
     (g,) = groups
     assert [r.run_id for r in g.runs] == ["b", "c"] and g.stats("class_il", "acc")[0] == 30.0
     assert any("1 older run(s)" in n for n in g.notes)
-    assert any("train.epochs (1, 50)" in n for n in g.notes)
+    assert any("train.batch_size (16, <unset>)" in n for n in g.notes)
     assert len(skipped) == 1 and "run d" in skipped[0]
     text = report.render_markdown(groups, "acc", skipped)
-    assert "- note: PBR, buffer 200, Seq-CIFAR-10-LT (5 tasks): runs averaged together differ in train.epochs" in text
+    assert "- note: PBR, buffer 200, Seq-CIFAR-10-LT (5 tasks): runs averaged together differ in train.batch_size" in text
+
+
+def test_budgets_get_their_own_tables_and_readings_their_own_rows():
+    """A run at another width or epochs is never averaged with the full protocol; the proxy budget
+    of `pbr sweep --budget proxy` is named; PBR readings and a baseline's non-default lr are rows."""
+    p = {**BASE, "method.name": "pbr", "seed": "0"}
+    proxy = {"model.width": "8", "train.epochs": "[4, 8, 16, 40, 80]", "method.reservoir": "first_epoch"}
+    runs = [RunRecord("full", p, {"class_il.acc": 50.0}),
+            RunRecord("short", {**p, "train.epochs": "5", "model.width": "20"}, {"class_il.acc": 20.0}),
+            RunRecord("proxy", {**p, **proxy}, {"class_il.acc": 30.0}),
+            RunRecord("proxy-task", {**p, **proxy, "method.offset": "task", "method.kl_classes": "all"},
+                      {"class_il.acc": 31.0}),
+            RunRecord("er-paper", {**p, **proxy, "method.name": "er", "train.lr": "0.03"}, {"class_il.acc": 32.0}),
+            RunRecord("er-tuned", {**p, **proxy, "method.name": "er", "train.lr": "0.1"}, {"class_il.acc": 33.0})]
+    groups, _ = report.group_runs(runs)
+    assert {(g.budget, g.method) for g in groups} == {
+        ("full protocol", "PBR"), ("width 20, epochs 5", "PBR"), ("proxy", "PBR"),
+        ("proxy", "PBR (per-task offset, KL over all)"), ("proxy", "ER (lr 0.03)"), ("proxy", "ER")}
+    text = report.render_markdown(groups)
+    assert text.index("## ordered, IR 0.01\n") < text.index("## ordered, IR 0.01 (proxy)") < text.index(
+        "## ordered, IR 0.01 (width 20, epochs 5)")
 
 
 def test_paper_marks_another_number_of_tasks():

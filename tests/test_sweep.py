@@ -14,8 +14,8 @@ from stages.report import buffer_of, method_label
 PARAMS = ROOT / "params.yaml"
 
 
-def _plan(grid, seeds=1, extra=None, only=None):
-    return sweep.plan(grid, seeds, extra or {}, only or {}, PARAMS)
+def _plan(grid, seeds=1, extra=None, only=None, budget="full"):
+    return sweep.plan(grid, seeds, extra or {}, only or {}, PARAMS, budget)
 
 
 @pytest.mark.parametrize("grid,per_seed", [("table2", 42), ("table3", 8), ("table5", 6)])
@@ -48,7 +48,7 @@ def test_only_and_set():
 
 
 @pytest.mark.parametrize("args,msg", [
-    (("table4", 1, {}, {}), "sweep 'table4' is not a grid; use one of table2 | table3 | table5"),
+    (("table4", 1, {}, {}), "sweep 'table4' is not a grid; use one of table2 | table3 | table5 | fidelity"),
     (("table3", 0, {}, {}), "--seeds 0"),
     (("table3", 1, {"method.buffer_size": -3}, {}), "sweep table3: params.yaml: method.buffer_size = -3"),
     (("table3", 1, {}, {"foo.bar": [1]}), "--only foo.bar: no such parameter"),
@@ -70,3 +70,29 @@ def test_cli_dry_run(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip() == (
         "error: -S 'train.epochs': write it as key=value, e.g. -S train.epochs=5")
+
+
+def test_fidelity_grid_at_the_proxy_budget():
+    runs = _plan("fidelity", seeds=3, budget="proxy")
+    assert len(runs) == 3 * 20 and len({r.name for r in runs}) == len(runs)
+    by_name = {r.name: r.overrides for r in runs}
+    er = by_name["fid-er-lr0.03-s2-proxy"]
+    assert er["method.name"] == "er" and er["train.lr"] == 0.03 and er["seed"] == 2
+    # The budget is on every run, and a cell's own setting wins over it.
+    assert all(o["model.width"] == 8 and o["train.epochs"] == [4, 8, 16, 40, 80] for o in by_name.values())
+    assert all(o["method.reservoir"] == "first_epoch" for o in by_name.values())
+    cell = by_name["fid-pbr-certain-task-s0-proxy"]
+    assert (cell["method.buffer_order"], cell["method.offset"], cell["method.walk_candidate"]) == (
+        "certain_first", "task", "hold")
+    assert "-S 'train.epochs=[4, 8, 16, 40, 80]'" in runs[0].command()
+    # The full budget keeps params.yaml's epochs and width, under names of their own.
+    full = _plan("fidelity", seeds=1)
+    assert all("model.width" not in r.overrides and not r.name.endswith("proxy") for r in full)
+
+
+def test_proxy_budget_refuses_ten_task_streams():
+    with pytest.raises(UserError, match="--budget proxy is defined for 5-task streams"):
+        _plan("table2", budget="proxy")
+    assert len(_plan("table2", budget="proxy", only={"data.dataset": ["cifar10"]})) == 14
+    with pytest.raises(UserError, match="--budget huge: not one of full | proxy"):
+        _plan("table5", budget="huge")
