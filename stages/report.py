@@ -28,6 +28,7 @@ METRICS = ("acc", "bwt", "forgetting")
 DEFAULT_EXPERIMENT = "pbr"
 DEFAULT_CSV = Path("reports/report.csv")
 COMPLETE_TAG = "pbr.complete"
+PAPER_LR = 0.03  # the one learning rate the paper states for every method
 
 DATASETS = {"cifar10": "Seq-CIFAR-10-LT", "cifar100": "Seq-CIFAR-100-LT",
             "tinyimagenet": "Seq-TinyImageNet-LT"}
@@ -344,19 +345,39 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
             line = ["-" if buf is None else str(buf), method]
             for d, n in cols:
                 g = by_key.get((method, buf, d, n))
+                # The paper's numbers sit beside the full protocol only: a cheaper budget is
+                # compared within its own table.
                 pc, pt = (PAPER_RESULTS.get((setting, ir, d, method, buf), (None, None))
-                          if metric == "acc" else (None, None))
+                          if metric == "acc" and budget == "full protocol" else (None, None))
                 ptasks = PAPER_N_TASKS.get((setting, d))
                 line += [_cell(g, "class_il", metric, pc, ptasks, n),
                          _cell(g, "task_il", metric, pt, ptasks, n)]
             out.append("| " + " | ".join(line) + " |")
-        notes = [note for g in gs for note in g.notes]
+        notes = [note for g in gs for note in g.notes] + _tuned_lr_notes(gs)
         if notes:
             out += [""] + [f"- note: {note}" for note in notes]
     skipped = list(skipped)
     if skipped:
         out += [""] + [f"- note: {s}" for s in skipped]
     return "\n".join(out) + "\n"
+
+
+def _tuned_lr_notes(groups: list[Group]) -> list[str]:
+    """Say where a baseline ran at its own tuned lr rather than the paper's single 0.03."""
+    from pbr.methods import METHODS as CLASSES
+
+    notes = []
+    for label in sorted({g.method for g in groups}):
+        name = next(g for g in groups if g.method == label).runs[0].params.get("method.name", "")
+        lr = CLASSES[name].defaults.get("lr") if name in CLASSES else None
+        if lr is None or abs(lr - PAPER_LR) < 1e-12:
+            continue
+        tuned = all(r.params.get("train.lr", "auto") in ("auto", str(lr)) for g in groups if g.method == label
+                    for r in g.runs)
+        if tuned:
+            notes.append(f"{label} ran at its tuned lr {lr:g} (Mammoth's best); the paper ran every method at "
+                         f"lr {PAPER_LR:g} (row '{label} (lr {PAPER_LR:g})' where run)")
+    return notes
 
 
 def _num(x: float | None) -> str:
