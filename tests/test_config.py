@@ -25,6 +25,13 @@ def test_project_params_are_the_papers_headline_configuration():
     assert cfg.flat() == from_dict(yaml.safe_load((ROOT / "params.yaml").read_text())).flat()
 
 
+def test_per_task_epochs():
+    cfg = from_dict({"train": {"epochs": [4, 8, 16, 40, 80]}})
+    assert [cfg.epochs_of(k) for k in range(5)] == [4, 8, 16, 40, 80]
+    assert from_dict({"train": {"epochs": 7}}).epochs_of(3) == 7
+    assert cfg.flat()["train.epochs"] == [4, 8, 16, 40, 80]  # a list, as YAML and MLflow write it
+
+
 def test_missing_keys_take_defaults():
     assert from_dict({"data": {"dataset": "cifar100", "n_tasks": 10}}).data.imbalance_ratio == 0.01
 
@@ -38,6 +45,8 @@ BAD = [
     ({"data": {"download": "yes"}}, r"data.download = 'yes' .* true or false"),
     ({"data": {"n_tasks": 0}}, r"data.n_tasks = 0 .* positive integer"),
     ({"data": {"n_tasks": 3}}, r"data.n_tasks = 3 does not divide the 10 classes of cifar10; use one of 1, 2, 5, 10"),
+    ({"train": {"epochs": [5, 5]}}, r"train.epochs = \[5, 5\] has 2 entries but data.n_tasks = 5; give one entry per task"),
+    ({"train": {"epochs": [5, 5, 0, 5, 5]}}, r"train.epochs = \[5, 5, 0, 5, 5\] .* list of positive integers"),
     ({"data": {"n_tasks": 2.5}}, r"data.n_tasks = 2.5"),
     ({"data": {"seed": True}}, r"data.seed = True .* an integer"),
     ({"data": {"root": ""}}, r"data.root = ''"),

@@ -136,3 +136,18 @@ def test_compile_at_a_width_that_crashes_torch_is_refused_before_writing(workdir
     with pytest.raises(UserError, match="train.compile = true with model.width = 4 crashes"):
         _train(_cfg(prepared / "raw", train={"compile": True}))
     assert not (workdir / "artifacts").exists()
+
+
+def test_per_task_epochs_train_each_task_its_own_number_of_epochs(workdir, prepared):
+    cfg = _cfg(prepared / "raw", method={"name": "er", "reservoir": "first_epoch"}, train={"epochs": [1, 3, 2, 1, 2]})
+    _train(cfg)
+    done = [json.loads((workdir / f"artifacts/train/task_{k:02d}/accuracy.json").read_text()) for k in range(5)]
+    assert [len(d["epochs"]) for d in done] == [1, 3, 2, 1, 2]
+    run = json.loads((workdir / "artifacts/train/run.json").read_text())
+    assert run["settings"]["epochs"] == [1, 3, 2, 1, 2] and run["settings"]["reservoir"] == "first_epoch"
+    # Offered once per task, ER's reservoir has seen exactly the stream, whatever the epochs.
+    import torch
+
+    state = torch.load(workdir / "artifacts/train/task_04/state.pt", weights_only=False)
+    manifest = json.loads((workdir / "data/prepared/manifest.json").read_text())
+    assert state["method"]["buffer"]["seen"] == sum(manifest["task_train_counts"])
