@@ -92,7 +92,7 @@ def sweep(
     set_: list[str] = typer.Option([], "--set", "-S", help="key=value set on every run, e.g. -S train.epochs=5 "
                                                            "(repeatable)."),
     only: list[str] = typer.Option([], "--only", help="key=v1,v2: keep the runs with these values, e.g. --only "
-                                                      "method.name=pbr (repeatable)."),
+                                                      "method.name=pbr, or a fidelity row: --only row=pbr,er-lr0.1 (repeatable)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the dvc commands; queue nothing."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Start this many queue workers after queueing (0: don't)."),
     params: Path = ParamsOpt,

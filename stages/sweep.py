@@ -182,7 +182,9 @@ def plan(grid: str, seeds: int, extra: dict[str, Any], only: dict[str, Any], par
     runs = []
     for cell in GRIDS[grid]():
         o = {k: v for k, v in {**cell, **settings}.items() if k != "_row"}
-        if any(_lookup(base, o, k) not in vals for k, vals in filters.items()):
+        # `row` picks a fidelity cell by its name (fid-ROW-sSEED): --only row=pbr,pbr-random
+        if any((str(cell.get("_row")) if k == "row" else _lookup(base, o, k)) not in vals
+               for k, vals in filters.items()):
             continue
         if budget == "proxy" and "train.epochs" not in extra and _lookup(base, o, "data.n_tasks") != 5:
             raise UserError(f"--budget proxy is defined for 5-task streams (Seq-CIFAR-10-LT); {grid} has a "

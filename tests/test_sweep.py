@@ -85,6 +85,9 @@ def test_fidelity_grid_at_the_proxy_budget():
     assert (cell["method.buffer_order"], cell["method.offset"], cell["method.walk_candidate"]) == (
         "certain_first", "task", "hold")
     assert "-S 'train.epochs=[4, 8, 16, 40, 80]'" in runs[0].command()
+    picked = _plan("fidelity", seeds=2, budget="proxy", only={"row": ["pbr", "er-lr0.1"]})
+    assert sorted(r.name for r in picked) == ["fid-er-lr0.1-s0-proxy", "fid-er-lr0.1-s1-proxy",
+                                              "fid-pbr-s0-proxy", "fid-pbr-s1-proxy"]
     # The full budget keeps params.yaml's epochs and width, under names of their own.
     full = _plan("fidelity", seeds=1)
     assert all("model.width" not in r.overrides and not r.name.endswith("proxy") for r in full)
