@@ -49,8 +49,10 @@ def run(cfg, log=print, tracker=None) -> dict:
     T, bs = cfg.method.mc_samples, cfg.train.eval_batch_size
     final, saved = load_net(last, device)
     dropout = cfg.score.dropout if cfg.score.dropout != "auto" else (saved["dropout"] or 0.1)
+    # auto: the temperature PBR's walk scores with (tau1 on s*cos, or tau1*s with method.mi_logits: cosine)
     tau = cfg.score.temperature if cfg.score.temperature != "auto" else (
-        cfg.method.tau1 if saved["head"] == "cosine" else 1.0)
+        cfg.method.tau1 * (saved["scale"] if cfg.method.mi_logits == "cosine" else 1.0)
+        if saved["head"] == "cosine" else 1.0)
     counts = manifest["train_counts"]
     cols: dict[str, list] = {k: [] for k in ("split", "index", "label", "task", "class_count", "mi", "entropy",
                                              "correct_own", "mi_final", "entropy_final", "correct_final")}
