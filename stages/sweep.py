@@ -40,7 +40,7 @@ def _method(name: str, buffer: int | None = None, order: str = "uncertain_first"
     return m
 
 
-def table2() -> Iterator[dict[str, Any]]:
+def table2(base: dict | None = None) -> Iterator[dict[str, Any]]:
     """Table 2: every method on the three datasets, ordered, IR 0.01, buffer 200 and 500; SGD and
     JOINT also on the balanced stream (IR 1, the paper's -BL rows)."""
     for ds in DATASETS:
@@ -54,7 +54,7 @@ def table2() -> Iterator[dict[str, Any]]:
                 yield {**_task("ordered", ds, 0.01), **_method("pbr", buffer, order)}
 
 
-def table3() -> Iterator[dict[str, Any]]:
+def table3(base: dict | None = None) -> Iterator[dict[str, Any]]:
     """Table 3: shuffled Seq-CIFAR-100-LT in 5 tasks, IR 0.01 / 0.02 / 0.05 / 0.1, buffer 200,
     DER++ against PBR."""
     for ir in (0.01, 0.02, 0.05, 0.1):
@@ -62,7 +62,7 @@ def table3() -> Iterator[dict[str, Any]]:
             yield {**_task("shuffled", "cifar100", ir), **_method(name, 200)}
 
 
-def table5() -> Iterator[dict[str, Any]]:
+def table5(base: dict | None = None) -> Iterator[dict[str, Any]]:
     """Table 5 (ablation): Seq-CIFAR-10-LT, ordered, IR 0.01; walk order (uncertainty / random) x
     classifier (cosine / linear) at buffer 200, and no buffer (SGD) with either classifier."""
     for head in ("linear", "cosine"):
@@ -72,30 +72,54 @@ def table5() -> Iterator[dict[str, Any]]:
             yield {**_task("ordered", "cifar10", 0.01), **_method("pbr", 200, order, head)}
 
 
-def fidelity() -> Iterator[dict[str, Any]]:
+# The fidelity grid's one-at-a-time changes: key -> (short name, the values tried). A cell is
+# made for each value other than params.yaml's.
+READINGS: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "method.kl_classes": ("kl", ("old", "all")),
+    "method.mi_logits": ("mi", ("scaled", "cosine")),
+    "method.tau1": ("tau1-", (0.1, 1.0)),
+    "method.alpha": ("a", (0.3, 1.0, 3.0)),
+    "method.beta": ("b", (0.0, 0.1, 1.0)),
+    "train.lr": ("lr", (0.03, 0.1)),
+    "method.imprint": ("imprint-", (False, True)),
+    "method.walk_candidate": ("", ("hold", "advance")),
+}
+
+
+def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
     """The readings of the paper's open points (docs/method.md), on Seq-CIFAR-10-LT, ordered, IR
-    0.01, buffer 200, against ER at the paper's single lr 0.03 and at Mammoth's tuned 0.1. Each
-    cell names its row (`_row`); every other key comes from params.yaml (the chosen defaults)."""
+    0.01, buffer 200: the walk's order x offset counts, then one change at a time on params.yaml's
+    PBR, PBR and PBR-random as params.yaml has them, and ER at the paper's single lr 0.03 and at
+    Mammoth's tuned 0.1. Each cell names its row (`_row`); every other key comes from params.yaml."""
+    base = base or {}
     task = {**_task("ordered", "cifar10", 0.01), "method.buffer_size": 200}
     for lr, row in ((0.03, "er-lr0.03"), (0.1, "er-lr0.1")):
         yield {**task, "method.name": "er", "train.lr": lr, "_row": row}
-    walk = {"method.walk_candidate": "hold"}
     for offset in ("class", "task"):
         for order in ("uncertain_first", "certain_first", "random"):
-            yield {**task, **_method("pbr", 200, order), **walk, "method.offset": offset,
+            yield {**task, **_method("pbr", 200, order), "method.offset": offset,
                    "_row": f"pbr-{order.split('_')[0]}-{offset}"}
-    # One change at a time on top of params.yaml's PBR.
-    for key, value, row in (("method.kl_classes", "all", "klall"), ("method.mi_logits", "cosine", "micos"),
-                            ("method.tau1", 1.0, "tau1"), ("method.alpha", 0.3, "a0.3"),
-                            ("method.alpha", 3.0, "a3"), ("method.beta", 0.0, "b0"),
-                            ("method.beta", 0.1, "b0.1"), ("train.lr", 0.1, "lr0.1"),
-                            ("method.imprint", True, "imprint"), ("method.walk_candidate", "advance", "advance")):
-        yield {**task, "method.name": "pbr", key: value, "_row": f"pbr-{row}"}
+    for key, (short, values) in READINGS.items():
+        now = _get(base, key)
+        if now == "auto":  # PBR's own default
+            from pbr.methods import METHODS
+
+            now = METHODS["pbr"].defaults[key.split(".")[1]]
+        for v in values:
+            if v != now:
+                text = str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else v
+                yield {**task, "method.name": "pbr", key: v, "_row": f"pbr-{short}{text}"}
     yield {**task, "method.name": "pbr", "_row": "pbr"}
     yield {**task, "method.name": "pbr", "method.buffer_order": "random", "_row": "pbr-random"}
 
 
-GRIDS: dict[str, Callable[[], Iterator[dict[str, Any]]]] = {
+def _get(d: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        d = d.get(part, {}) if isinstance(d, dict) else {}
+    return d if d != {} else None
+
+
+GRIDS: dict[str, Callable[[dict | None], Iterator[dict[str, Any]]]] = {
     "table2": table2, "table3": table3, "table5": table5, "fidelity": fidelity}
 
 # Budgets: settings put on every run of a grid. "full" is params.yaml as it is (the paper's
@@ -180,7 +204,7 @@ def plan(grid: str, seeds: int, extra: dict[str, Any], only: dict[str, Any], par
         raise UserError(f"{params_file}: no parameters file here; run pbr sweep in the project's root")
     filters = {k: v if isinstance(v, list) else [v] for k, v in only.items()}
     runs = []
-    for cell in GRIDS[grid]():
+    for cell in GRIDS[grid](base):
         o = {k: v for k, v in {**cell, **settings}.items() if k != "_row"}
         # `row` picks a fidelity cell by its name (fid-ROW-sSEED): --only row=pbr,pbr-random
         if any((str(cell.get("_row")) if k == "row" else _lookup(base, o, k)) not in vals

@@ -82,8 +82,16 @@ def test_fidelity_grid_at_the_proxy_budget():
     assert all(o["model.width"] == 8 and o["train.epochs"] == [4, 8, 16, 40, 80] for o in by_name.values())
     assert all(o["method.reservoir"] == "first_epoch" for o in by_name.values())
     cell = by_name["fid-pbr-certain-task-s0-proxy"]
-    assert (cell["method.buffer_order"], cell["method.offset"], cell["method.walk_candidate"]) == (
-        "certain_first", "task", "hold")
+    assert (cell["method.buffer_order"], cell["method.offset"]) == ("certain_first", "task")
+    # One change at a time: a cell for every value of a reading other than params.yaml's.
+    import yaml
+
+    base = yaml.safe_load(PARAMS.read_text())
+    for r in runs:
+        if r.name.startswith("fid-pbr-tau1-"):
+            assert r.overrides["method.tau1"] != base["method"]["tau1"]
+    assert not any(r.name.startswith(f"fid-pbr-{base['method']['walk_candidate']}-") for r in runs)
+    assert any(r.name.startswith("fid-pbr-kl") for r in runs) and any(r.name.startswith("fid-pbr-mi") for r in runs)
     assert "-S 'train.epochs=[4, 8, 16, 40, 80]'" in runs[0].command()
     picked = _plan("fidelity", seeds=2, budget="proxy", only={"row": ["pbr", "er-lr0.1"]})
     assert sorted(r.name for r in picked) == ["fid-er-lr0.1-s0-proxy", "fid-er-lr0.1-s1-proxy",
