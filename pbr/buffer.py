@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-ORDERS = ("desc", "asc", "random")
+ORDERS = ("desc", "asc", "random", "weighted")
 CANDIDATES = ("hold", "advance")
 
 
@@ -39,6 +39,21 @@ def sample_in_probability(n_steps: int, class_counts: torch.Tensor, capacity: in
     offset = (s * torch.softmax(-s, dim=0)).sum() if s.numel() else s.new_zeros(())
     n = torch.arange(start + 1, start + n_steps + 1, dtype=torch.float64, device=s.device)
     return capacity / (n + offset)
+
+
+def walk_order(scores: torch.Tensor, order: str, generator: torch.Generator) -> torch.Tensor:
+    """The indices of `scores` in walk order (see Buffer.uncertainty_walk)."""
+    b, dev, g = scores.shape[0], scores.device, generator
+    if order == "random":
+        return torch.randperm(b, generator=g, device=dev)
+    if order == "weighted":
+        # Weighted random order (Efraimidis & Spirakis' A-Res keys u^(1/w), compared as
+        # log(u) / w): sample i comes before j with odds w_i : w_j, w = the score, so the
+        # uncertain samples come first in priority without the walk becoming a top-k.
+        w = scores.double().clamp_min(0) + 1e-12
+        keys = torch.log(torch.rand(b, dtype=torch.float64, generator=g, device=dev)) / w
+        return torch.argsort(keys, descending=True, stable=True)
+    return torch.argsort(scores, descending=order == "desc", stable=True)
 
 
 class Buffer:
@@ -180,7 +195,8 @@ class Buffer:
         (input order; an accepted sample may be overwritten later in the same walk).
 
         The samples are walked in `order` of `scores` ("desc": most uncertain first, the
-        paper's text; "asc": its Eq.'s arg min; "random": the Ours-Random ablation). Step N
+        paper's text; "asc": its Eq.'s arg min; "random": the Ours-Random ablation; "weighted":
+        a random order drawn with weights = scores, weighted reservoir sampling's priority). Step N
         (1-based) is accepted iff u_N < min(1, P_N), P from `sample_in_probability` with the
         running counts of the classes seen before this task. Accepted samples fill free slots
         in walk order, then each replaces a uniformly random slot.
@@ -192,7 +208,7 @@ class Buffer:
         the product of acceptance and survival telescopes, so the MI order has no effect.
 
         Draws from `generator` (on `scores`' device), in this order: the permutation (random
-        order only), u = torch.rand(B, float64), slots = torch.randint(capacity, (B,)).
+        and weighted orders only), u = torch.rand(B, float64), slots = torch.randint(capacity, (B,)).
         """
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -203,10 +219,7 @@ class Buffer:
             raise ValueError(f"scores must be [{b}], got {tuple(scores.shape)}")
         dev = scores.device
         g = _check_generator(generator, dev)
-        if order == "random":
-            perm = torch.randperm(b, generator=g, device=dev)
-        else:
-            perm = torch.argsort(scores, descending=order == "desc", stable=True)
+        perm = walk_order(scores, order, g)
         p = sample_in_probability(b, torch.as_tensor(class_counts).to(dev), self.capacity, start)
         u = torch.rand(b, dtype=torch.float64, generator=g, device=dev)
         rand_slot = torch.randint(self.capacity, (b,), generator=g, device=dev)

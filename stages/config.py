@@ -65,7 +65,7 @@ class MethodConfig:
     tau1: float = _key(_positive, "a positive number (0.1 in the paper)", default=0.1)
     tau2: float = _key(_positive, "a positive number (2 in the paper)", default=2.0)
     mc_samples: int = _key(_positive, "a positive integer (T, MC-dropout samples)", default=20)
-    buffer_order: Literal["uncertain_first", "certain_first", "random"] = "uncertain_first"
+    buffer_order: Literal["uncertain_first", "certain_first", "random", "uncertain_weighted"] = "uncertain_first"
     walk_candidate: Literal["advance", "hold"] = "advance"
     walk_count: Literal["task", "stream"] = "task"
     # The paper's open readings (docs/method.md): what s_i of the sample-in offset counts, the

@@ -207,7 +207,8 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         net.compile()  # the forward only: state_dict keys stay the same; copies (the teacher) run eager
     opts = Options(lr=s["lr"], buffer_size=max(s["buffer_size"], 1), alpha=s["alpha"], beta=s["beta"],
                    tau1=s["tau1"], tau2=s["tau2"], mc_samples=s["mc_samples"],
-                   buffer_order={"uncertain_first": "desc", "certain_first": "asc", "random": "random"}[
+                   buffer_order={"uncertain_first": "desc", "certain_first": "asc", "random": "random",
+                                 "uncertain_weighted": "weighted"}[
                        s["buffer_order"]], candidate=s["walk_candidate"], walk_count=s["walk_count"],
                    offset=s["offset"], mi_logits=s["mi_logits"], kl_classes=s["kl_classes"], imprint=s["imprint"],
                    reservoir=s["reservoir"], replay_ce=s["replay_ce"])

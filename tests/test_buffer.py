@@ -279,3 +279,16 @@ def test_cuda_walk_with_host_images_and_deterministic_mode():
         assert buf.sample(8, g).device.type == "cuda"
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_weighted_order_puts_a_sample_first_with_odds_of_its_weight():
+    """A-Res keys: of two samples with weights 3 and 1, the first leads 3 times in 4."""
+    from pbr.buffer import walk_order
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.tensor([3.0, 1.0])
+    first = sum(int(walk_order(scores, "weighted", g)[0] == 0) for _ in range(4000)) / 4000
+    assert abs(first - 0.75) < 0.025, first  # binomial sd 0.007
+    # With three samples, the one of weight 0 comes last every time.
+    scores = torch.tensor([0.0, 2.0, 1.0])
+    assert all(walk_order(scores, "weighted", g)[-1] == 0 for _ in range(200))
