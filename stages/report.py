@@ -34,6 +34,7 @@ DATASETS = {"cifar10": "Seq-CIFAR-10-LT", "cifar100": "Seq-CIFAR-100-LT",
             "tinyimagenet": "Seq-TinyImageNet-LT"}
 METHODS = {"joint": "JOINT", "sgd": "SGD", "er": "ER", "der": "DER", "derpp": "DER++", "pbr": "PBR"}
 NO_BUFFER = ("sgd", "joint")  # no rehearsal: their buffer column is "-"
+RESERVOIR_METHODS = ("er", "der", "derpp")  # the methods whose buffer is Mammoth's online reservoir
 SETTINGS = ("ordered", "shuffled")
 # Params that do not change a run's results: runs differing only in these are not flagged.
 IGNORED_PARAMS = frozenset({"seed", "data.root", "data.download", "data.shard_mb", "train.device",
@@ -121,10 +122,33 @@ READINGS = {
 }
 
 
-def _schema_default(key: str) -> str:
+def _schema_defaults() -> dict[str, str]:
     from stages.config import Config
 
-    return str(Config().flat()[key])
+    return {k: str(v) for k, v in Config().flat().items()}
+
+
+def _schema_default(key: str) -> str:
+    return _schema_defaults()[key]
+
+
+def resolved(params: dict[str, str]) -> dict[str, str]:
+    """The params with "auto" lr, alpha and beta replaced by the method's own values, so a run
+    that spells out a default reads the same as one that leaves it auto."""
+    from pbr.methods import METHODS as CLASSES
+
+    cls = CLASSES.get(params.get("method.name", ""))
+    if cls is None:
+        return params
+    out = dict(params)
+    buffer = int(params.get("method.buffer_size", "0") or 0)
+    for key in ("train.lr", "method.alpha", "method.beta"):
+        if out.get(key, "auto") == "auto":
+            v = cls.resolve(key.split(".")[1], "auto", buffer)
+            out[key] = str(float(v or 0.0))
+        else:
+            out[key] = str(float(out[key]))
+    return out
 
 
 def method_label(params: dict[str, str]) -> str:
@@ -135,6 +159,7 @@ def method_label(params: dict[str, str]) -> str:
     from pbr.methods import METHODS as CLASSES
 
     name = params.get("method.name", "")
+    params, defaults = resolved(params), resolved({**_schema_defaults(), "method.name": name})
     variants = []
     if name == "pbr":
         order = params.get("method.buffer_order", "uncertain_first")
@@ -142,36 +167,35 @@ def method_label(params: dict[str, str]) -> str:
             variants.append({"random": "random", "certain_first": "certain-first",
                              "uncertain_first": "uncertain-first"}.get(order, order))
         for key, text in READINGS.items():
-            if key in params and params[key] not in (_schema_default(key), "auto"):
+            if key in params and params[key] != defaults[key]:
                 variants.append(text(params[key]))
     head = params.get("model.head", "auto")
     default_head = "cosine" if name == "pbr" else "linear"
     if head not in ("auto", default_head):
         variants.append(head)
-    lr = params.get("train.lr", "auto")
-    if lr != "auto" and name in CLASSES:
-        own = CLASSES[name].defaults.get("lr")
-        if own is None or abs(float(lr) - own) > 1e-12:
-            variants.append(f"lr {float(lr):g}")
+    if name in CLASSES and params["train.lr"] != defaults["train.lr"]:
+        variants.append(f"lr {float(params['train.lr']):g}")
     label = METHODS.get(name, name)
     return f"{label} ({', '.join(variants)})" if variants else label
 
 
 def budget_of(params: dict[str, str]) -> str:
     """"full protocol" (params.yaml's width and epochs), "proxy" (`pbr sweep --budget proxy`), or
-    the run's width and epochs."""
+    the run's width and epochs (and the online reservoir's rule, for the methods that have one)."""
     from stages.sweep import BUDGETS
 
     width, epochs = params.get("model.width", "64"), params.get("train.epochs", "50")
     reservoir = params.get("method.reservoir", "every_epoch")
+    if params.get("method.name") not in RESERVOIR_METHODS:
+        reservoir = None  # the method has no online reservoir: the setting does not change it
     proxy = BUDGETS["proxy"]
-    if (width, epochs, reservoir) == (str(proxy["model.width"]), str(proxy["train.epochs"]),
-                                      proxy["method.reservoir"]):
+    if (width, epochs) == (str(proxy["model.width"]), str(proxy["train.epochs"])) and \
+            reservoir in (None, proxy["method.reservoir"]):
         return "proxy"
-    if (width, epochs, reservoir) == (_schema_default("model.width"), _schema_default("train.epochs"),
-                                      "every_epoch"):
+    if (width, epochs) == (_schema_default("model.width"), _schema_default("train.epochs")) and \
+            reservoir in (None, "every_epoch"):
         return "full protocol"
-    extra = "" if reservoir == "every_epoch" else f", reservoir {reservoir}"
+    extra = "" if reservoir in (None, "every_epoch") else f", reservoir {reservoir}"
     return f"width {width}, epochs {epochs}{extra}"
 
 
@@ -230,9 +254,12 @@ def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> lis
 # --------------------------------------------------------------------------- grouping
 
 def _signature(params: dict[str, str]) -> tuple:
+    params = resolved(params)
     drop = set(IGNORED_PARAMS)
     if params.get("method.name") in NO_BUFFER:
         drop.add("method.buffer_size")
+    if params.get("method.name") not in RESERVOIR_METHODS:
+        drop.add("method.reservoir")
     return tuple(sorted((k, v) for k, v in params.items() if k not in drop))
 
 
@@ -267,7 +294,7 @@ def group_runs(runs: Iterable[RunRecord]) -> tuple[list[Group], list[str]]:
         keys = set().union(*(dict(_signature(r.params)) for r in g.runs))
         differ = []
         for k in sorted(keys):
-            vals = sorted({r.params.get(k, "<unset>") for r in g.runs})
+            vals = sorted({resolved(r.params).get(k, "<unset>") for r in g.runs})
             if len(vals) > 1:
                 differ.append(f"{k} ({', '.join(vals[:4])}{', ...' if len(vals) > 4 else ''})")
         if differ:
@@ -388,7 +415,7 @@ def csv_rows(groups: list[Group], metric: str = "acc") -> list[dict[str, str]]:
     rows = []
     for g in groups:
         c, t = g.stats("class_il", metric), g.stats("task_il", metric)
-        pc, pt = g.paper() if metric == "acc" else (None, None)
+        pc, pt = g.paper() if metric == "acc" and g.budget == "full protocol" else (None, None)
         rows.append({
             "budget": g.budget, "setting": g.setting, "imbalance_ratio": _fmt_ir(g.imbalance_ratio), "dataset": g.dataset,
             "method": g.method, "buffer_size": "" if g.buffer_size is None else str(g.buffer_size),

@@ -95,8 +95,11 @@ def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
     task = {**_task("ordered", "cifar10", 0.01), "method.buffer_size": 200}
     for lr, row in ((0.03, "er-lr0.03"), (0.1, "er-lr0.1")):
         yield {**task, "method.name": "er", "train.lr": lr, "_row": row}
+    now_order, now_offset = _get(base, "method.buffer_order"), _get(base, "method.offset")
     for offset in ("class", "task"):
         for order in ("uncertain_first", "certain_first", "random"):
+            if offset == now_offset and order in (now_order, "random"):
+                continue  # the rows "pbr" and "pbr-random" below
             yield {**task, **_method("pbr", 200, order), "method.offset": offset,
                    "_row": f"pbr-{order.split('_')[0]}-{offset}"}
     for key, (short, values) in READINGS.items():
@@ -210,9 +213,10 @@ def plan(grid: str, seeds: int, extra: dict[str, Any], only: dict[str, Any], par
         if any((str(cell.get("_row")) if k == "row" else _lookup(base, o, k)) not in vals
                for k, vals in filters.items()):
             continue
-        if budget == "proxy" and "train.epochs" not in extra and _lookup(base, o, "data.n_tasks") != 5:
+        n_tasks = _lookup(base, o, "data.n_tasks")
+        if budget == "proxy" and "train.epochs" not in extra and n_tasks != 5:
             raise UserError(f"--budget proxy is defined for 5-task streams (Seq-CIFAR-10-LT); {grid} has a "
-                            f"{o['data.n_tasks']}-task run: add --only data.dataset=cifar10, or set -S train.epochs")
+                            f"{n_tasks}-task run: add --only data.dataset=cifar10, or set -S train.epochs")
         for seed in range(seeds):
             overrides = {**o, "seed": seed}
             try:

@@ -162,6 +162,9 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     n_threads = threads.configure(cfg.train.threads)
     s = settings(cfg)
     out = paths.TRAIN
+    if manifest["n_tasks"] != cfg.data.n_tasks:
+        raise UserError(f"{paths.PREPARED} holds {manifest['n_tasks']} tasks but data.n_tasks = {cfg.data.n_tasks}; "
+                        f"run dvc repro prepare (or pbr prepare) to rebuild it")
     stream = sum(manifest["task_train_counts"])
     if s["buffer_size"] > stream:
         raise UserError(f"method.buffer_size = {s['buffer_size']} is larger than the whole training stream "

@@ -204,10 +204,20 @@ def test_budgets_get_their_own_tables_and_readings_their_own_rows():
                       {"class_il.acc": 31.0}),
             RunRecord("er-paper", {**p, **proxy, "method.name": "er", "train.lr": "0.03"}, {"class_il.acc": 32.0}),
             RunRecord("er-tuned", {**p, **proxy, "method.name": "er", "train.lr": "0.1"}, {"class_il.acc": 33.0})]
+    # Spelling out a default is the default: ER at lr 0.1 is ER, PBR at alpha 1.0 is PBR, and a
+    # PBR run's reservoir setting (which it does not use) does not move it out of the proxy.
+    runs += [RunRecord("er-auto", {**p, **proxy, "method.name": "er", "train.lr": "auto", "seed": "1"},
+                       {"class_il.acc": 35.0}),
+             RunRecord("alpha", {**p, **proxy, "method.alpha": "1.0", "method.reservoir": "every_epoch", "seed": "1"},
+                       {"class_il.acc": 28.0})]
     groups, _ = report.group_runs(runs)
     assert {(g.budget, g.method) for g in groups} == {
         ("full protocol", "PBR"), ("width 20, epochs 5", "PBR"), ("proxy", "PBR"),
         ("proxy", "PBR (per-task offset, KL over all)"), ("proxy", "ER (lr 0.03)"), ("proxy", "ER")}
+    by = {(g.budget, g.method): g for g in groups}
+    assert [r.run_id for r in by["proxy", "ER"].runs] == ["er-tuned", "er-auto"]
+    assert [r.run_id for r in by["proxy", "PBR"].runs] == ["proxy", "alpha"]
+    assert not any("differ in" in n for g in groups for n in g.notes)
     text = report.render_markdown(groups)
     assert text.index("## ordered, IR 0.01\n") < text.index("## ordered, IR 0.01 (proxy)") < text.index(
         "## ordered, IR 0.01 (width 20, epochs 5)")

@@ -151,3 +151,11 @@ def test_per_task_epochs_train_each_task_its_own_number_of_epochs(workdir, prepa
     state = torch.load(workdir / "artifacts/train/task_04/state.pt", weights_only=False)
     manifest = json.loads((workdir / "data/prepared/manifest.json").read_text())
     assert state["method"]["buffer"]["seen"] == sum(manifest["task_train_counts"])
+
+
+def test_prepared_data_of_another_task_count_is_a_one_line_error(workdir, prepared):
+    from pbr.errors import UserError
+
+    with pytest.raises(UserError, match=r"data/prepared holds 5 tasks but data.n_tasks = 2; run dvc repro prepare"):
+        _train(_cfg(prepared / "raw", data={"n_tasks": 2}))
+    assert not (workdir / "artifacts/train").exists()  # nothing written

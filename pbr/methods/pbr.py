@@ -79,8 +79,8 @@ class PBR(ContinualMethod):
     def begin_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
         super().begin_task(task, images, labels)
         if self.opts.imprint and task > 0:
-            imprint_weights(self.net, images, labels, self.ctx.task_classes[task], self.ctx.preprocess,
-                            self.ctx.eval_batch_size)
+            imprint_weights(self.net, images, labels, self.ctx.task_classes[task], self._old_classes(),
+                            self.ctx.preprocess, self.ctx.eval_batch_size)
 
     def walk_offset_counts(self) -> torch.Tensor:
         """The s_i of the sample-in offset: running counts of the classes seen before this task
@@ -121,28 +121,31 @@ class PBR(ContinualMethod):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.class_counts = state["class_counts"].clone()
-        self.task_counts = list(state.get("task_counts", []))
+        # A state saved before task counts were kept: rebuild them from the class counts.
+        self.task_counts = list(state.get("task_counts") or [
+            int(self.class_counts[c.cpu()].sum()) for c in self.ctx.task_classes[: self.task + 1]])
         # The teacher is the network as it was at the end of the saved task: the loaded net.
         if self.task >= 0:
             self.snapshot_teacher()
 
 
 @torch.no_grad()
-def imprint_weights(net, images: torch.Tensor, labels: torch.Tensor, classes: torch.Tensor, preprocess,
-                    batch_size: int) -> None:
+def imprint_weights(net, images: torch.Tensor, labels: torch.Tensor, classes: torch.Tensor, old: torch.Tensor,
+                    preprocess, batch_size: int) -> None:
     """Weight imprinting (Qi et al. 2018, as LUCIR uses it): each new class's weight vector
     becomes the mean normalised feature of its training samples, scaled to the mean norm of the
-    other classes' vectors (the cosine head normalises it anyway)."""
+    old classes' vectors (the cosine head normalises it anyway); a linear head's new biases are
+    set to the old classes' mean."""
     was_training = net.training
     net.eval()
     feats = torch.cat([F.normalize(net.features(preprocess(images[i:i + batch_size])), dim=1)
                        for i in range(0, images.shape[0], batch_size)])
     net.train(was_training)
-    w = net.head.weight
-    others = torch.ones(w.shape[0], dtype=torch.bool, device=w.device)
-    others[classes] = False
-    norm = w[others].norm(dim=1).mean() if others.any() else w.norm(dim=1).mean()
+    w, bias = net.head.weight, getattr(net.head, "bias", None)
+    norm = w[old].norm(dim=1).mean()
     for c in classes.tolist():
         mask = labels == c
         if mask.any():
             w[c] = F.normalize(feats[mask].mean(0), dim=0) * norm
+            if bias is not None:
+                bias[c] = bias[old].mean()
