@@ -62,15 +62,17 @@ class MethodConfig:
     # "auto" = the method's documented default (Mammoth's best for der/derpp; ours for pbr).
     alpha: float | Auto = _key(_non_negative, "a number >= 0 or auto", default="auto")
     beta: float | Auto = _key(_non_negative, "a number >= 0 or auto", default="auto")
-    tau1: float = _key(_positive, "a positive number (0.1 in the paper)", default=0.1)
+    # 1.0: the CE at s*cos (a logit scale of 10, the scale of the paper's MC equation); the paper's
+    # literal s*cos/0.1 trains far worse (docs/method.md).
+    tau1: float = _key(_positive, "a positive number (0.1 in the paper; see docs/method.md)", default=1.0)
     tau2: float = _key(_positive, "a positive number (2 in the paper)", default=2.0)
     mc_samples: int = _key(_positive, "a positive integer (T, MC-dropout samples)", default=20)
-    buffer_order: Literal["uncertain_first", "certain_first", "random", "uncertain_weighted"] = "uncertain_first"
-    walk_candidate: Literal["advance", "hold"] = "advance"
+    buffer_order: Literal["uncertain_first", "certain_first", "random", "uncertain_weighted"] = "uncertain_weighted"
+    walk_candidate: Literal["advance", "hold"] = "hold"
     walk_count: Literal["task", "stream"] = "task"
     # The paper's open readings (docs/method.md): what s_i of the sample-in offset counts, the
     # logit scale the MI is taken at, the KL's normalisation, and LUCIR-style weight imprinting.
-    offset: Literal["class", "task"] = "class"
+    offset: Literal["class", "task"] = "task"
     mi_logits: Literal["scaled", "cosine"] = "scaled"
     kl_classes: Literal["old", "all"] = "old"
     imprint: bool = False

@@ -162,10 +162,11 @@ def method_label(params: dict[str, str]) -> str:
     params, defaults = resolved(params), resolved({**_schema_defaults(), "method.name": name})
     variants = []
     if name == "pbr":
-        order = params.get("method.buffer_order", "uncertain_first")
-        if order != _schema_default("method.buffer_order"):
+        order = params.get("method.buffer_order", defaults["method.buffer_order"])
+        if order != defaults["method.buffer_order"]:
             variants.append({"random": "random", "certain_first": "certain-first",
-                             "uncertain_first": "uncertain-first"}.get(order, order))
+                             "uncertain_first": "uncertain-first",
+                             "uncertain_weighted": "uncertain-weighted"}.get(order, order))
         for key, text in READINGS.items():
             if key in params and params[key] != defaults[key]:
                 variants.append(text(params[key]))

@@ -30,12 +30,13 @@ def _task(setting: str, dataset: str, ir: float) -> dict[str, Any]:
             "data.setting": setting, "data.imbalance_ratio": ir}
 
 
-def _method(name: str, buffer: int | None = None, order: str = "uncertain_first", head: str = "auto"
+def _method(name: str, buffer: int | None = None, order: str | None = None, head: str = "auto"
             ) -> dict[str, Any]:
+    """A method's keys; `order` None leaves PBR's walk order to params.yaml (the paper's "Ours")."""
     m: dict[str, Any] = {"method.name": name, "model.head": head}
     if buffer is not None:
         m["method.buffer_size"] = buffer
-    if name == "pbr":
+    if name == "pbr" and order is not None:
         m["method.buffer_order"] = order
     return m
 
@@ -50,7 +51,7 @@ def table2(base: dict | None = None) -> Iterator[dict[str, Any]]:
         for buffer in (200, 500):
             for name in ("er", "der", "derpp"):
                 yield {**_task("ordered", ds, 0.01), **_method(name, buffer)}
-            for order in ("uncertain_first", "random"):
+            for order in (None, "random"):
                 yield {**_task("ordered", ds, 0.01), **_method("pbr", buffer, order)}
 
 
@@ -67,7 +68,7 @@ def table5(base: dict | None = None) -> Iterator[dict[str, Any]]:
     classifier (cosine / linear) at buffer 200, and no buffer (SGD) with either classifier."""
     for head in ("linear", "cosine"):
         yield {**_task("ordered", "cifar10", 0.01), **_method("sgd", head=head)}
-    for order in ("uncertain_first", "random"):
+    for order in (None, "random"):
         for head in ("cosine", "linear"):
             yield {**_task("ordered", "cifar10", 0.01), **_method("pbr", 200, order, head)}
 
@@ -176,7 +177,7 @@ def _name(grid: str, o: dict[str, Any], seed: int, extra: dict[str, Any]) -> str
             parts.append(hashlib.sha256(repr(sorted(extra.items())).encode()).hexdigest()[:6])
         return "-".join(parts)
     parts = [grid.replace("table", "t"), SHORT[o["data.dataset"]], o["method.name"]]
-    if o["method.name"] == "pbr" and o.get("method.buffer_order") != "uncertain_first":
+    if o["method.name"] == "pbr" and o.get("method.buffer_order") is not None:
         parts.append(o["method.buffer_order"].replace("_", ""))
     if o.get("model.head", "auto") != "auto":
         parts.append(o["model.head"])

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
 
 BASE = {"data.setting": "ordered", "data.imbalance_ratio": "0.01", "data.dataset": "cifar10",
-        "data.n_tasks": "5", "method.buffer_size": "200", "method.buffer_order": "uncertain_first",
+        "data.n_tasks": "5", "method.buffer_size": "200", "method.buffer_order": "uncertain_weighted",
         "model.head": "auto", "train.epochs": "50", "data.root": "data/raw"}
 
 # (params over BASE, metrics, status, complete tag)
@@ -200,7 +200,7 @@ def test_budgets_get_their_own_tables_and_readings_their_own_rows():
     runs = [RunRecord("full", p, {"class_il.acc": 50.0}),
             RunRecord("short", {**p, "train.epochs": "5", "model.width": "20"}, {"class_il.acc": 20.0}),
             RunRecord("proxy", {**p, **proxy}, {"class_il.acc": 30.0}),
-            RunRecord("proxy-task", {**p, **proxy, "method.offset": "task", "method.kl_classes": "all"},
+            RunRecord("proxy-class", {**p, **proxy, "method.offset": "class", "method.kl_classes": "all"},
                       {"class_il.acc": 31.0}),
             RunRecord("er-paper", {**p, **proxy, "method.name": "er", "train.lr": "0.03"}, {"class_il.acc": 32.0}),
             RunRecord("er-tuned", {**p, **proxy, "method.name": "er", "train.lr": "0.1"}, {"class_il.acc": 33.0})]
@@ -213,7 +213,7 @@ def test_budgets_get_their_own_tables_and_readings_their_own_rows():
     groups, _ = report.group_runs(runs)
     assert {(g.budget, g.method) for g in groups} == {
         ("full protocol", "PBR"), ("width 20, epochs 5", "PBR"), ("proxy", "PBR"),
-        ("proxy", "PBR (per-task offset, KL over all)"), ("proxy", "ER (lr 0.03)"), ("proxy", "ER")}
+        ("proxy", "PBR (per-class offset, KL over all)"), ("proxy", "ER (lr 0.03)"), ("proxy", "ER")}
     by = {(g.budget, g.method): g for g in groups}
     assert [r.run_id for r in by["proxy", "ER"].runs] == ["er-tuned", "er-auto"]
     assert [r.run_id for r in by["proxy", "PBR"].runs] == ["proxy", "alpha"]
