@@ -110,3 +110,18 @@ def test_proxy_budget_refuses_ten_task_streams():
     assert len(_plan("table2", budget="proxy", only={"data.dataset": ["cifar10"]})) == 14
     with pytest.raises(UserError, match="--budget huge: not one of full | proxy"):
         _plan("table5", budget="huge")
+
+
+def test_proxy_settings_reach_params_yaml_as_dvc_writes_them(tmp_path):
+    """`dvc exp run -S` applies a run's settings with DVC's own override writer: the per-task
+    epochs list must land in params.yaml as a list the config reads back."""
+    from dvc.utils.hydra import apply_overrides
+
+    from stages.config import load_config
+
+    run = next(r for r in _plan("fidelity", budget="proxy", only={"row": ["er-lr0.03"]}))
+    (tmp_path / "params.yaml").write_text(PARAMS.read_text())
+    apply_overrides(str(tmp_path / "params.yaml"), run.set_params())
+    cfg = load_config(tmp_path / "params.yaml")
+    assert cfg.train.epochs == (4, 8, 16, 40, 80) and cfg.model.width == 8
+    assert (cfg.method.name, cfg.train.lr, cfg.method.reservoir) == ("er", 0.03, "first_epoch")
