@@ -1,5 +1,5 @@
 """Fixed-capacity replay buffer: online reservoir (ER/DER baselines) and PBR's end-of-task
-uncertainty-guided walk (NOTES.md, "Uncertainty-guided reservoir sampling").
+uncertainty-guided walk (docs/method.md).
 
 Storage is preallocated with one spare "discard" row after the last slot: writes that must not
 land (rejected samples, samples overwritten later in the same batch) are routed there, so a
@@ -27,7 +27,7 @@ def _check_generator(generator: torch.Generator | None, device: torch.device) ->
 def sample_in_probability(n_steps: int, class_counts: torch.Tensor, capacity: int, start: int = 0) -> torch.Tensor:
     """P_N = capacity / (N + sum_i s_i w_i), w = softmax(-s), for N = start+1..start+n_steps (float64).
 
-    `start` = 0 counts the steps of this walk only (the project notes' reading); the number of
+    `start` = 0 counts the steps of this walk only (the paper's N_c read per walk); the number of
     samples walked in earlier tasks makes N count the whole stream (Mammoth's num_seen_examples).
 
     Raw P: the walk accepts with min(1, P). Empty `class_counts` (first task) gives sum 0.
@@ -201,7 +201,7 @@ class Buffer:
         running counts of the classes seen before this task. Accepted samples fill free slots
         in walk order, then each replaces a uniformly random slot.
 
-        `candidate`: "advance" (default, the project notes: every step moves on to the next
+        `candidate`: "advance" (every step moves on to the next
         sample) or "hold" (the paper's text: a rejected candidate stays the candidate for the
         next step, so the k-th acceptance stores the k-th sample in walk order). With "advance" and a full buffer the
         walk keeps each sample with probability capacity / (n + offset) whatever its position:

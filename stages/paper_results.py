@@ -1,12 +1,12 @@
 """The paper's published numbers (final average accuracy, %), for the methods this project runs.
 
-Source: the LaTeX of "Prior-free Balanced Replay" (ACM MM 2024), ../shared/paper/000_*.txt.
+Source: "Prior-free Balanced Replay" (ACM MM 2024), Tables 2, 3 and 5.
 Key: (setting, imbalance_ratio, dataset, method_label, buffer_size or None)
   -> (class_il or None, task_il or None); None where the paper prints "-" or gives no number.
 method_label is the row label of `pbr report` (stages/report.py, `method_label`):
   the paper's "Ours - Uncertainty" / "Ours" is "PBR", "Ours - Random" is "PBR (random)",
   the linear-classifier ablation is "PBR (linear)"; "SGD-LT"/"JOINT-LT" are SGD/JOINT at IR 0.01,
-  and "SGD-BL"/"JOINT-BL" (the balanced stream) are SGD/JOINT at IR 1 (see NOTES.md).
+  and "SGD-BL"/"JOINT-BL" (the balanced stream) are SGD/JOINT at IR 1 (docs/method.md).
 The paper reports mean over 5 runs; the std it prints is not kept here.
 Data only: no imports, no logic.
 """
@@ -14,7 +14,7 @@ Data only: no imports, no logic.
 # Tasks per dataset in the paper's runs. Seq-CIFAR-10-LT: 5 (Table 4 names Task-5 the last);
 # the shuffled table states "Seq-CIFAR-100-LT with 5-task setting". For ordered CIFAR-100 and
 # TinyImageNet the paper does not say; 10 is Mammoth's protocol, which the paper follows
-# (NOTES.md, "Tasks"). Key: (setting, dataset).
+# Key: (setting, dataset).
 PAPER_N_TASKS = {
     ("ordered", "cifar10"): 5,
     ("ordered", "cifar100"): 10,

@@ -193,7 +193,7 @@ def test_walk_prefers_uncertain_samples_while_the_buffer_has_room():
 def test_walk_is_order_free_once_the_buffer_is_full():
     # With a full buffer and P < 1 the walk is a reservoir over the task: each step is kept
     # with probability capacity / (n + offset) whatever its position, so the MI order has no
-    # effect on what survives (documents the literal rule of NOTES.md).
+    # effect on what survives (the "advance" reading, docs/method.md).
     desc, task = _stored_task_mean("desc", 50, [100.0, 100.0])
     rnd, _ = _stored_task_mean("random", 50, [100.0, 100.0])
     assert abs(desc - task) < 0.03 and abs(rnd - task) < 0.03

@@ -1,4 +1,4 @@
-"""PBR: Prior-free Balanced Replay (ACM MM 2024), as pinned down in the project notes.
+"""PBR: Prior-free Balanced Replay (ACM MM 2024); docs/method.md gives every reading and default.
 
 Loss at task c on a current batch and a buffer batch:
   CE(logits / tau1) over current and buffer samples                       (boundary constraint)
