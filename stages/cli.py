@@ -86,8 +86,8 @@ def report(
 def sweep(
     name: str = typer.Argument(..., help="Grid: table2 (methods x buffers x datasets), table3 (shuffled, IRs), "
                                          "table5 (ablation), fidelity (PBR's open readings against ER)."),
-    budget: str = typer.Option("full", "--budget", help="full: params.yaml as it is (the paper's protocol); "
-                                                        "proxy: the validated cheap stand-in (docs/method.md)."),
+    budget: str = typer.Option("full", "--budget", help="full: params.yaml as it is (50 epochs per task, width "
+                                                        "64); proxy: the validated cheap stand-in (docs/method.md)."),
     seeds: int = typer.Option(5, "--seeds", help="Run seeds 0..N-1 of every cell (the paper averages 5 runs)."),
     set_: list[str] = typer.Option([], "--set", "-S", help="key=value set on every run, e.g. -S train.epochs=5 "
                                                            "(repeatable)."),
