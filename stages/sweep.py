@@ -4,7 +4,7 @@ Each run of a grid is `dvc exp run --queue -n NAME -S key=value ...`, queued thr
 Python entry point (the one its CLI calls: 0.1 s a run instead of 2 s a `dvc` process). The grid
 sets only the keys that make a table's row (dataset, tasks, setting, IR, method, buffer, walk
 order, head) and the seed; everything else (epochs, width, ...) comes from params.yaml, which holds
-the paper's protocol. Runs already finished or waiting in the queue under the same name (for the
+the paper's protocol (and the measured readings of its open points, docs/method.md). Runs already finished or waiting in the queue under the same name (for the
 current commit) are skipped, so re-running a sweep after a crash queues only what is missing.
 Run the queue with `dvc queue start -j N`, then `pbr report` builds the tables from MLflow.
 """
