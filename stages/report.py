@@ -14,6 +14,7 @@ mlflow is imported only when the store is read.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import os
 import statistics
@@ -122,6 +123,7 @@ READINGS = {
 }
 
 
+@functools.lru_cache(maxsize=1)
 def _schema_defaults() -> dict[str, str]:
     from stages.config import Config
 
@@ -159,7 +161,8 @@ def method_label(params: dict[str, str]) -> str:
     from pbr.methods import METHODS as CLASSES
 
     name = params.get("method.name", "")
-    params, defaults = resolved(params), resolved({**_schema_defaults(), "method.name": name})
+    params, defaults = resolved(params), resolved({**_schema_defaults(), "method.name": name,
+                                                   "method.buffer_size": params.get("method.buffer_size", "0")})
     variants = []
     if name == "pbr":
         order = params.get("method.buffer_order", defaults["method.buffer_order"])
@@ -400,7 +403,7 @@ def _tuned_lr_notes(groups: list[Group]) -> list[str]:
         lr = CLASSES[name].defaults.get("lr") if name in CLASSES else None
         if lr is None or abs(lr - PAPER_LR) < 1e-12:
             continue
-        tuned = all(r.params.get("train.lr", "auto") in ("auto", str(lr)) for g in groups if g.method == label
+        tuned = all(float(resolved(r.params)["train.lr"]) == lr for g in groups if g.method == label
                     for r in g.runs)
         if tuned:
             notes.append(f"{label} ran at its tuned lr {lr:g} (Mammoth's best); the paper ran every method at "

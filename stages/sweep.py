@@ -4,8 +4,9 @@ Each run of a grid is `dvc exp run --queue -n NAME -S key=value ...`, queued thr
 Python entry point (the one its CLI calls: 0.1 s a run instead of 2 s a `dvc` process). The grid
 sets only the keys that make a table's row (dataset, tasks, setting, IR, method, buffer, walk
 order, head) and the seed; everything else (epochs, width, ...) comes from params.yaml, which holds
-the paper's protocol (and the measured readings of its open points, docs/method.md). Runs already finished or waiting in the queue under the same name (for the
-current commit) are skipped, so re-running a sweep after a crash queues only what is missing.
+the paper's protocol and the measured readings of its open points (docs/method.md). Runs already
+finished or waiting in the queue under the same name (for the current commit) are skipped, so
+re-running a sweep after a crash queues only what is missing.
 Run the queue with `dvc queue start -j N`, then `pbr report` builds the tables from MLflow.
 """
 
@@ -171,19 +172,17 @@ def parse_assignments(items: list[str], option: str, many: bool = False) -> dict
 
 
 def _name(grid: str, o: dict[str, Any], seed: int, extra: dict[str, Any]) -> str:
-    if "_row" in o:
+    if "_row" in o:  # a fidelity cell names itself
         parts = [grid[:3], o["_row"], f"s{seed}"]
-        if extra:
-            parts.append(hashlib.sha256(repr(sorted(extra.items())).encode()).hexdigest()[:6])
-        return "-".join(parts)
-    parts = [grid.replace("table", "t"), SHORT[o["data.dataset"]], o["method.name"]]
-    if o["method.name"] == "pbr" and o.get("method.buffer_order") is not None:
-        parts.append(o["method.buffer_order"].replace("_", ""))
-    if o.get("model.head", "auto") != "auto":
-        parts.append(o["model.head"])
-    if "method.buffer_size" in o:
-        parts.append(f"b{o['method.buffer_size']}")
-    parts += [o["data.setting"][:3], f"ir{o['data.imbalance_ratio']:g}", f"s{seed}"]
+    else:
+        parts = [grid.replace("table", "t"), SHORT[o["data.dataset"]], o["method.name"]]
+        if o["method.name"] == "pbr" and o.get("method.buffer_order") is not None:
+            parts.append(o["method.buffer_order"].replace("_", ""))
+        if o.get("model.head", "auto") != "auto":
+            parts.append(o["model.head"])
+        if "method.buffer_size" in o:
+            parts.append(f"b{o['method.buffer_size']}")
+        parts += [o["data.setting"][:3], f"ir{o['data.imbalance_ratio']:g}", f"s{seed}"]
     if extra:  # the same row under other settings is another experiment
         parts.append(hashlib.sha256(repr(sorted(extra.items())).encode()).hexdigest()[:6])
     return "-".join(parts)
