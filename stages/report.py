@@ -123,6 +123,9 @@ READINGS = {
 }
 
 
+PBR_ONLY = (*READINGS, "method.buffer_order", "method.mc_samples")
+
+
 @functools.lru_cache(maxsize=1)
 def _schema_defaults() -> dict[str, str]:
     from stages.config import Config
@@ -264,6 +267,8 @@ def _signature(params: dict[str, str]) -> tuple:
         drop.add("method.buffer_size")
     if params.get("method.name") not in RESERVOIR_METHODS:
         drop.add("method.reservoir")
+    if params.get("method.name") != "pbr":  # PBR's own settings do not change another method
+        drop |= set(PBR_ONLY)
     return tuple(sorted((k, v) for k, v in params.items() if k not in drop))
 
 

@@ -203,10 +203,13 @@ def test_budgets_get_their_own_tables_and_readings_their_own_rows():
             RunRecord("proxy-class", {**p, **proxy, "method.offset": "class", "method.kl_classes": "all"},
                       {"class_il.acc": 31.0}),
             RunRecord("er-paper", {**p, **proxy, "method.name": "er", "train.lr": "0.03"}, {"class_il.acc": 32.0}),
-            RunRecord("er-tuned", {**p, **proxy, "method.name": "er", "train.lr": "0.1"}, {"class_il.acc": 33.0})]
+            RunRecord("er-tuned", {**p, **proxy, "method.name": "er", "train.lr": "0.1", "method.tau1": "0.1"},
+                      {"class_il.acc": 33.0})]
     # Spelling out a default is the default: ER at lr 0.1 is ER, PBR at alpha 1.0 is PBR, and a
     # PBR run's reservoir setting (which it does not use) does not move it out of the proxy.
-    runs += [RunRecord("er-auto", {**p, **proxy, "method.name": "er", "train.lr": "auto", "seed": "1"},
+    # PBR's own settings (here tau1) do not make two ER runs differ.
+    runs += [RunRecord("er-auto", {**p, **proxy, "method.name": "er", "train.lr": "auto", "seed": "1",
+                                   "method.tau1": "1.0"},
                        {"class_il.acc": 35.0}),
              RunRecord("alpha", {**p, **proxy, "method.alpha": "1.0", "method.reservoir": "every_epoch", "seed": "1"},
                        {"class_il.acc": 28.0})]
