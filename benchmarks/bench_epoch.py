@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from common import machine
 from pbr.data.augment import Augment, normalize
 from pbr.loop import fit_task
-from pbr.methods import METHODS, Context, Options
+from pbr.methods import Context, create
 from pbr.models import Net
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)
@@ -64,7 +64,7 @@ def our_epoch(images, labels, width, channels_last: bool, compiled: bool = False
     aug = Augment(MEAN, STD)
     ctx = Context(10, [torch.arange(10)], torch.device("cpu"), lambda x, gen: aug(x, gen).contiguous(memory_format=fmt),
                   lambda x: normalize(x, MEAN, STD).contiguous(memory_format=fmt), g)
-    m = METHODS["sgd"](net, ctx, Options(lr=0.03))
+    m = create("sgd", net, ctx, lr=0.03)
     x = torch.from_numpy(images).permute(0, 3, 1, 2)
     y = torch.from_numpy(labels)
     m.begin_task(0, x, y)

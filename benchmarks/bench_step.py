@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from common import machine, rate, row
 from pbr.data.augment import Augment, normalize
-from pbr.methods import METHODS, Context, Options
+from pbr.methods import METHODS, Context, create
 from pbr.models import Net
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)
@@ -78,11 +78,11 @@ def run_variant(a, variant: str, first: float | None) -> float:
         ctx = Context(10, [torch.arange(0, 2, device=dev), torch.arange(2, 4, device=dev)], dev,
                       lambda x, gen: aug(x, gen).contiguous(memory_format=fmt),
                       lambda x: normalize(x, MEAN, STD).contiguous(memory_format=fmt), g, replay_batch_size=a.batch)
-        m = cls(net, ctx, Options(lr=0.03, buffer_size=200, alpha=0.1, beta=0.5, mc_samples=20))
+        m = create(name, net, ctx, buffer_size=200, lr=0.03)
         # Put the method in its steady state: a filled buffer (and pbr's teacher) from a first task.
         m.begin_task(0, raw, labels)
         if cls.uses_buffer:
-            m.buffer.reservoir_add(raw[:200], labels[:200], torch.zeros_like(labels[:200]), generator=g)
+            reservoir_add(m.buffer, raw[:200], labels[:200], torch.zeros_like(labels[:200]), generator=g)
         if name == "pbr":
             m.end_task(0, raw[:256], labels[:256])
         m.begin_task(1, raw, labels + 2)

@@ -12,11 +12,7 @@ from collections.abc import Callable
 import torch
 
 from pbr.models.net import Net
-
-
-def _check_generator(generator: torch.Generator, device: torch.device) -> None:
-    if generator.device.type != device.type:
-        raise ValueError(f"generator is on {generator.device.type}, tensors are on {device.type}: they must match")
+from pbr.rng import check_generator
 
 
 def mc_probs(
@@ -42,7 +38,7 @@ def mc_probs(
     z = head.embed(feats)
     B, D = z.shape
     if head.p > 0:
-        _check_generator(generator, z.device)
+        check_generator(generator, z.device)
         keep = torch.rand((T, B, D), generator=generator, device=z.device, dtype=z.dtype) >= head.p
         z_t = z.unsqueeze(0) * keep * (1.0 / (1.0 - head.p))
     else:

@@ -55,31 +55,28 @@ def _non_negative(v) -> bool:
 Auto = Literal["auto"]
 
 
-@dataclass(frozen=True)
-class MethodConfig:
-    name: Literal["sgd", "joint", "er", "der", "derpp", "pbr"] = "pbr"
-    buffer_size: int = _key(_non_negative, "an integer >= 0", default=200)
-    # "auto" = the method's documented default (Mammoth's best for der/derpp; ours for pbr).
-    alpha: float | Auto = _key(_non_negative, "a number >= 0 or auto", default="auto")
-    beta: float | Auto = _key(_non_negative, "a number >= 0 or auto", default="auto")
-    # 1.0: the CE at s*cos (a logit scale of 10, the scale of the paper's MC equation); the paper's
-    # literal s*cos/0.1 trains far worse (docs/method.md).
-    tau1: float = _key(_positive, "a positive number (0.1 in the paper; see docs/method.md)", default=1.0)
-    tau2: float = _key(_positive, "a positive number (2 in the paper)", default=2.0)
-    mc_samples: int = _key(_positive, "a positive integer (T, MC-dropout samples)", default=20)
-    buffer_order: Literal["uncertain_first", "certain_first", "random", "uncertain_weighted"] = "uncertain_weighted"
-    walk_candidate: Literal["advance", "hold"] = "hold"
-    walk_count: Literal["task", "stream"] = "task"
-    # The paper's open readings (docs/method.md): what s_i of the sample-in offset counts, the
-    # logit scale the MI is taken at, the KL's normalisation, and LUCIR-style weight imprinting.
-    offset: Literal["class", "task"] = "task"
-    mi_logits: Literal["scaled", "cosine"] = "scaled"
-    kl_classes: Literal["old", "all"] = "old"
-    imprint: bool = False
-    # er/der/derpp: offer each sample to the online reservoir in every epoch (Mammoth) or in its
-    # task's first epoch only (the buffer's make-up then does not depend on per-task epochs).
-    reservoir: Literal["every_epoch", "first_epoch"] = "every_epoch"
-    replay_ce: bool = True
+def _method_config() -> type:
+    """The `method` section from the method registry: name and buffer_size, then every key a
+    registered method declares (pbr/methods): a new method's settings need no edit here."""
+    from pbr.methods import METHODS
+
+    fields: list = [
+        ("name", Literal[tuple(METHODS)], field(default="pbr")),
+        ("buffer_size", int, _key(_non_negative, "an integer >= 0", default=200)),
+    ]
+    declared: dict[str, Any] = {}
+    for cls in METHODS.values():
+        for s in cls.settings:
+            first = declared.setdefault(s.key, s)
+            if (first.type, first.default, first.allowed) != (s.type, s.default, s.allowed):
+                raise TypeError(f"method.{s.key} is declared differently by two methods (one is {cls.name}); "
+                                f"declare it alike (share one Setting)")
+    for s in declared.values():
+        fields.append((s.key, s.type, _key(s.check, s.allowed, default=s.default)))
+    return dataclasses.make_dataclass("MethodConfig", fields, frozen=True)
+
+
+MethodConfig = _method_config()
 
 
 @dataclass(frozen=True)
@@ -230,7 +227,9 @@ def _build(cls, raw: Any, prefix: str, source: str):
 
 
 def _cross_checks(cfg: Config, source: str) -> None:
-    if cfg.method.name in ("er", "der", "derpp", "pbr") and cfg.method.buffer_size < 1:
+    from pbr.methods import METHODS
+
+    if METHODS[cfg.method.name].uses_buffer and cfg.method.buffer_size < 1:
         raise ConfigError(f"{source}: method.buffer_size = {cfg.method.buffer_size} leaves {cfg.method.name} "
                           f"without a replay buffer; use a size >= 1 (200 or 500 in the paper)")
     n_classes, n_tasks = cfg.n_classes, cfg.data.n_tasks

@@ -16,14 +16,13 @@ from __future__ import annotations
 import csv
 import functools
 import io
-import os
 import statistics
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 from pbr.errors import UserError
+from stages import artifacts
 
 METRICS = ("acc", "bwt", "forgetting")
 DEFAULT_EXPERIMENT = "pbr"
@@ -33,9 +32,23 @@ PAPER_LR = 0.03  # the one learning rate the paper states for every method
 
 DATASETS = {"cifar10": "Seq-CIFAR-10-LT", "cifar100": "Seq-CIFAR-100-LT",
             "tinyimagenet": "Seq-TinyImageNet-LT"}
-METHODS = {"joint": "JOINT", "sgd": "SGD", "er": "ER", "der": "DER", "derpp": "DER++", "pbr": "PBR"}
-NO_BUFFER = ("sgd", "joint")  # no rehearsal: their buffer column is "-"
-RESERVOIR_METHODS = ("er", "der", "derpp")  # the methods whose buffer is Mammoth's online reservoir
+
+
+def _method(name: str):
+    """The registered method class of `name`, or None (a run of a method no longer registered)."""
+    from pbr.methods import METHODS
+
+    return METHODS.get(name)
+
+
+def _declares(name: str, key: str) -> bool:
+    cls = _method(name)
+    return cls is not None and key.removeprefix("method.") in cls.setting_keys()
+
+
+def _label(name: str) -> str:
+    cls = _method(name)
+    return cls.label if cls is not None else name
 SETTINGS = ("ordered", "shuffled")
 # Params that do not change a run's results: runs differing only in these are not flagged.
 IGNORED_PARAMS = frozenset({"seed", "data.root", "data.download", "data.shard_mb", "train.device",
@@ -112,9 +125,12 @@ class Report:
 
 # --------------------------------------------------------------------------- labels
 
-# PBR's readings (docs/method.md) named in a row label when a run differs from params.yaml's schema
-# default: key -> how the variant reads.
-READINGS = {
+# How a method setting that differs from its default reads in a row label, first to last (other
+# keys read "key value"); the online reservoir's rule is the budget's, not the row's.
+VARIANTS = {
+    "method.buffer_order": lambda v: {"random": "random", "certain_first": "certain-first",
+                                      "uncertain_first": "uncertain-first",
+                                      "uncertain_weighted": "uncertain-weighted"}.get(v, v),
     "method.walk_candidate": lambda v: v, "method.walk_count": lambda v: f"N over {v}",
     "method.offset": lambda v: f"per-{v} offset", "method.mi_logits": lambda v: f"MI at {v} scale",
     "method.kl_classes": lambda v: f"KL over {v}", "method.imprint": lambda v: "imprint" if v == "True" else "no imprint",
@@ -122,8 +138,6 @@ READINGS = {
     "method.beta": lambda v: f"beta {v}", "method.replay_ce": lambda v: "no replay CE" if v == "False" else "replay CE",
 }
 
-
-PBR_ONLY = (*READINGS, "method.buffer_order", "method.mc_samples")
 
 
 @functools.lru_cache(maxsize=1)
@@ -138,22 +152,30 @@ def _schema_default(key: str) -> str:
 
 
 def resolved(params: dict[str, str]) -> dict[str, str]:
-    """The params with "auto" lr, alpha and beta replaced by the method's own values, so a run
-    that spells out a default reads the same as one that leaves it auto."""
-    from pbr.methods import METHODS as CLASSES
-
-    cls = CLASSES.get(params.get("method.name", ""))
+    """The params with "auto" values (lr and the method's own keys) replaced by the method's
+    values for the run's dataset and buffer, so a run that spells out a default reads the same as
+    one that leaves it auto."""
+    cls = _method(params.get("method.name", ""))
     if cls is None:
         return params
     out = dict(params)
-    buffer = int(params.get("method.buffer_size", "0") or 0)
-    for key in ("train.lr", "method.alpha", "method.beta"):
-        if out.get(key, "auto") == "auto":
-            v = cls.resolve(key.split(".")[1], "auto", buffer)
-            out[key] = str(float(v or 0.0))
-        else:
-            out[key] = str(float(out[key]))
+    dataset, buffer = params.get("data.dataset", "cifar10"), int(params.get("method.buffer_size", "0") or 0)
+    for key in ("train.lr", *(f"method.{k}" for k in cls.setting_keys())):
+        v = out.get(key, "auto")
+        if v == "auto":
+            v, _ = cls.resolve(key.split(".")[1], "auto", dataset, buffer)
+        out[key] = _canonical(v)
     return out
+
+
+def _canonical(v) -> str:
+    """A param as text, numbers as floats ("0.1" and "0.10" and 0.1 are one value)."""
+    if isinstance(v, bool) or v in ("True", "False"):
+        return str(v)
+    try:
+        return str(float(v))
+    except (TypeError, ValueError):
+        return str(v)
 
 
 def method_label(params: dict[str, str]) -> str:
@@ -161,28 +183,23 @@ def method_label(params: dict[str, str]) -> str:
     e.g. "PBR (random)" (buffer_order random), "PBR (linear)" (model.head linear), a PBR reading
     other than the default ("PBR (per-task offset)"), "ER (lr 0.03)" for a learning rate other
     than the method's own (the paper ran every method at 0.03)."""
-    from pbr.methods import METHODS as CLASSES
-
     name = params.get("method.name", "")
     params, defaults = resolved(params), resolved({**_schema_defaults(), "method.name": name,
+                                                   "data.dataset": params.get("data.dataset", "cifar10"),
                                                    "method.buffer_size": params.get("method.buffer_size", "0")})
     variants = []
-    if name == "pbr":
-        order = params.get("method.buffer_order", defaults["method.buffer_order"])
-        if order != defaults["method.buffer_order"]:
-            variants.append({"random": "random", "certain_first": "certain-first",
-                             "uncertain_first": "uncertain-first",
-                             "uncertain_weighted": "uncertain-weighted"}.get(order, order))
-        for key, text in READINGS.items():
-            if key in params and params[key] != defaults[key]:
-                variants.append(text(params[key]))
+    cls = _method(name)
+    keys = [f"method.{k}" for k in (cls.setting_keys() if cls else ()) if k != "reservoir"]
+    for key in sorted(keys, key=lambda k: list(VARIANTS).index(k) if k in VARIANTS else len(VARIANTS)):
+        if params.get(key, defaults.get(key)) != defaults.get(key):
+            variants.append(VARIANTS.get(key, lambda v, k=key: f"{k.split('.')[1]} {v}")(params[key]))
     head = params.get("model.head", "auto")
     default_head = "cosine" if name == "pbr" else "linear"
     if head not in ("auto", default_head):
         variants.append(head)
-    if name in CLASSES and params["train.lr"] != defaults["train.lr"]:
+    if _method(name) is not None and params["train.lr"] != defaults["train.lr"]:
         variants.append(f"lr {float(params['train.lr']):g}")
-    label = METHODS.get(name, name)
+    label = _label(name)
     return f"{label} ({', '.join(variants)})" if variants else label
 
 
@@ -193,7 +210,7 @@ def budget_of(params: dict[str, str]) -> str:
 
     width, epochs = params.get("model.width", "64"), params.get("train.epochs", "50")
     reservoir = params.get("method.reservoir", "every_epoch")
-    if params.get("method.name") not in RESERVOIR_METHODS:
+    if not _declares(params.get("method.name", ""), "reservoir"):
         reservoir = None  # the method has no online reservoir: the setting does not change it
     proxy = BUDGETS["proxy"]
     if (width, epochs) == (str(proxy["model.width"]), str(proxy["train.epochs"])) and \
@@ -208,7 +225,8 @@ def budget_of(params: dict[str, str]) -> str:
 
 def buffer_of(params: dict[str, str]) -> int | None:
     """The buffer size of a rehearsal method; None for sgd/joint."""
-    if params.get("method.name") in NO_BUFFER:
+    cls = _method(params.get("method.name", ""))
+    if cls is not None and not cls.uses_buffer:
         return None
     return int(params["method.buffer_size"])
 
@@ -263,12 +281,12 @@ def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> lis
 def _signature(params: dict[str, str]) -> tuple:
     params = resolved(params)
     drop = set(IGNORED_PARAMS)
-    if params.get("method.name") in NO_BUFFER:
+    name = params.get("method.name", "")
+    if buffer_of(params) is None:
         drop.add("method.buffer_size")
-    if params.get("method.name") not in RESERVOIR_METHODS:
-        drop.add("method.reservoir")
-    if params.get("method.name") != "pbr":  # PBR's own settings do not change another method
-        drop |= set(PBR_ONLY)
+    # Another method's settings do not change this one's results.
+    drop |= {k for k in params if k.startswith("method.") and k not in ("method.name", "method.buffer_size")
+             and _method(name) is not None and not _declares(name, k)}
     return tuple(sorted((k, v) for k, v in params.items() if k not in drop))
 
 
@@ -318,7 +336,9 @@ def _setting_rank(s: str) -> tuple:
 
 def _row_order(method: str, buffer: int | None) -> tuple:
     base, _, variant = method.partition(" (")
-    names = list(METHODS.values())
+    from pbr.methods import METHODS
+
+    names = [cls.label for cls in METHODS.values()]
     rank = names.index(base) if base in names else len(names)
     if base == "PBR":  # the paper's order: Ours - Random, then Ours, then the ablations
         vrank = {"random)": 0, "": 1}.get(variant, 2)
@@ -400,13 +420,14 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
 
 def _tuned_lr_notes(groups: list[Group]) -> list[str]:
     """Say where a baseline ran at its own tuned lr rather than the paper's single 0.03."""
-    from pbr.methods import METHODS as CLASSES
-
     notes = []
     for label in sorted({g.method for g in groups}):
-        name = next(g for g in groups if g.method == label).runs[0].params.get("method.name", "")
-        lr = CLASSES[name].defaults.get("lr") if name in CLASSES else None
-        if lr is None or abs(lr - PAPER_LR) < 1e-12:
+        first = next(g for g in groups if g.method == label).runs[0].params
+        cls = _method(first.get("method.name", ""))
+        if cls is None:
+            continue
+        lr = float(resolved({**first, "train.lr": "auto"})["train.lr"])
+        if abs(lr - PAPER_LR) < 1e-12:
             continue
         tuned = all(float(resolved(r.params)["train.lr"]) == lr for g in groups if g.method == label
                     for r in g.runs)
@@ -438,25 +459,12 @@ def csv_rows(groups: list[Group], metric: str = "acc") -> list[dict[str, str]]:
     return rows
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_csv(groups: list[Group], path: Path, metric: str = "acc") -> None:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
     w.writeheader()
     w.writerows(csv_rows(groups, metric))
-    _write_atomic(path, buf.getvalue())
+    artifacts.write_text(path, buf.getvalue())
 
 
 def no_runs_message(tracking_uri: str, experiment: str) -> str:
@@ -481,6 +489,6 @@ def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, m
     if csv_path is not None:
         write_csv(groups, Path(csv_path), metric)
     if markdown_path is not None:
-        _write_atomic(Path(markdown_path), text)
+        artifacts.write_text(Path(markdown_path), text)
     return Report(text, groups, Path(csv_path) if csv_path is not None else None,
                   Path(markdown_path) if markdown_path is not None else None)

@@ -43,15 +43,23 @@ def _method(name: str, buffer: int | None = None, order: str | None = None, head
 
 
 def table2(base: dict | None = None) -> Iterator[dict[str, Any]]:
-    """Table 2: every method on the three datasets, ordered, IR 0.01, buffer 200 and 500; SGD and
-    JOINT also on the balanced stream (IR 1, the paper's -BL rows)."""
+    """Table 2: every registered method on the three datasets, ordered, IR 0.01, buffer 200 and
+    500 for the rehearsal methods; the bounds (SGD, JOINT) also on the balanced stream (IR 1, the
+    paper's -BL rows); PBR as "Ours" and "Ours - Random"."""
+    from pbr.methods import METHODS
+
     for ds in DATASETS:
         for ir in (0.01, 1.0):
-            for name in ("sgd", "joint"):
-                yield {**_task("ordered", ds, ir), **_method(name)}
+            for cls in METHODS.values():
+                if cls.role == "bound":
+                    yield {**_task("ordered", ds, ir), **_method(cls.name)}
+        for cls in METHODS.values():
+            if cls.role == "baseline" and not cls.uses_buffer:
+                yield {**_task("ordered", ds, 0.01), **_method(cls.name)}
         for buffer in (200, 500):
-            for name in ("er", "der", "derpp"):
-                yield {**_task("ordered", ds, 0.01), **_method(name, buffer)}
+            for cls in METHODS.values():
+                if cls.role == "baseline" and cls.uses_buffer:
+                    yield {**_task("ordered", ds, 0.01), **_method(cls.name, buffer)}
             for order in (None, "random"):
                 yield {**_task("ordered", ds, 0.01), **_method("pbr", buffer, order)}
 
@@ -106,10 +114,10 @@ def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
                    "_row": f"pbr-{order.split('_')[0]}-{offset}"}
     for key, (short, values) in READINGS.items():
         now = _get(base, key)
-        if now == "auto":  # PBR's own default
+        if now == "auto":  # PBR's own value
             from pbr.methods import METHODS
 
-            now = METHODS["pbr"].defaults[key.split(".")[1]]
+            now, _ = METHODS["pbr"].resolve(key.split(".")[1], "auto", "cifar10", 200)
         for v in values:
             if v != now:
                 text = str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else v

@@ -31,26 +31,25 @@ def resolve_device(name: str):
     return torch.device(name)
 
 
-def settings(cfg: Config) -> dict:
-    """The method's effective settings, with every "auto" resolved."""
+def settings(cfg: Config) -> tuple[dict, dict]:
+    """The run's effective settings with every "auto" resolved (the method's keys: those it
+    declares), and where each method value came from (params.yaml, a published best, a default)."""
     from pbr.methods import METHODS
 
     cls = METHODS[cfg.method.name]
     m, t, mo = cfg.method, cfg.train, cfg.model
-    r = lambda key, value: cls.resolve(key, value, m.buffer_size)  # noqa: E731
+    opts, sources = cls.options(cfg.data.dataset, m.buffer_size, lr=t.lr,
+                                **{k: getattr(m, k) for k in cls.setting_keys()})
+    head, sources["head"] = cls.resolve("head", mo.head, cfg.data.dataset, m.buffer_size)
+    dropout, sources["dropout"] = cls.resolve("dropout", mo.dropout, cfg.data.dataset, m.buffer_size)
     return {
-        "method": m.name, "lr": r("lr", t.lr), "alpha": r("alpha", m.alpha) or 0.0,
-        "beta": r("beta", m.beta) or 0.0, "head": r("head", mo.head), "dropout": r("dropout", mo.dropout),
-        "buffer_size": m.buffer_size if cls.uses_buffer else 0, "tau1": m.tau1, "tau2": m.tau2,
-        "mc_samples": m.mc_samples, "buffer_order": m.buffer_order, "walk_candidate": m.walk_candidate,
-        "walk_count": m.walk_count, "offset": m.offset, "mi_logits": m.mi_logits, "kl_classes": m.kl_classes,
-        "imprint": m.imprint, "reservoir": m.reservoir,
-        "replay_ce": m.replay_ce, "width": mo.width, "scale": mo.scale,
+        "method": m.name, **vars(opts), "head": head, "dropout": dropout,
+        "width": mo.width, "scale": mo.scale,
         "epochs": [cfg.epochs_of(k) for k in range(cfg.data.n_tasks)],
         "batch_size": t.batch_size, "replay_batch_size": t.replay_batch_size,
         "eval_batch_size": t.eval_batch_size, "seed": cfg.seed, "precision": t.precision,
         "channels_last": t.channels_last, "compile": t.compile,
-    }
+    }, sources
 
 
 def _code_hash() -> str:
@@ -160,7 +159,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     manifest = load_manifest(paths.PREPARED)
     device = resolve_device(cfg.train.device)
     n_threads = threads.configure(cfg.train.threads)
-    s = settings(cfg)
+    s, sources = settings(cfg)
     out = paths.TRAIN
     if manifest["n_tasks"] != cfg.data.n_tasks:
         raise UserError(f"{paths.PREPARED} holds {manifest['n_tasks']} tasks but data.n_tasks = {cfg.data.n_tasks}; "
@@ -184,10 +183,11 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
 
         tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED), "pbr.device": str(device),
                           "pbr.threads": n_threads,
-                          **{f"resolved.{k}": v for k, v in s.items()}})
+                          **{f"resolved.{k}": v for k, v in s.items()},
+                          **{f"source.{k}": v for k, v in sources.items() if v != "params"}})
     # threads are recorded, not fingerprinted: a run resumed with other threads goes on (results may
     # differ in the last digits, as any change of thread count does on a CPU).
-    artifacts.write_text(run_file, json.dumps({"fingerprint": fp, "settings": s, "device": str(device),
+    artifacts.write_text(run_file, json.dumps({"fingerprint": fp, "settings": s, "sources": sources, "device": str(device),
                                                "threads": n_threads,
                                                "n_tasks": manifest["n_tasks"]}, indent=1))
 
@@ -208,13 +208,8 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         device, memory_format=fmt)
     if s["compile"]:
         net.compile()  # the forward only: state_dict keys stay the same; copies (the teacher) run eager
-    opts = Options(lr=s["lr"], buffer_size=max(s["buffer_size"], 1), alpha=s["alpha"], beta=s["beta"],
-                   tau1=s["tau1"], tau2=s["tau2"], mc_samples=s["mc_samples"],
-                   buffer_order={"uncertain_first": "desc", "certain_first": "asc", "random": "random",
-                                 "uncertain_weighted": "weighted"}[
-                       s["buffer_order"]], candidate=s["walk_candidate"], walk_count=s["walk_count"],
-                   offset=s["offset"], mi_logits=s["mi_logits"], kl_classes=s["kl_classes"], imprint=s["imprint"],
-                   reservoir=s["reservoir"], replay_ce=s["replay_ce"])
+    cls = METHODS[s["method"]]
+    opts = Options(lr=s["lr"], buffer_size=max(s["buffer_size"], 1), **{k: s[k] for k in cls.setting_keys()})
     method = METHODS[s["method"]](net, ctx, opts)
 
     n_tasks = manifest["n_tasks"]

@@ -21,7 +21,7 @@ INVALID = {
     "data.n_tasks": [0, 3, 2.5, "5"],
     "data.seed": [True, "a", -1],
     "data.shard_mb": [0, -1, "big"],
-    "method.name": ["icarl", 1],
+    "method.name": ["nosuch", 1],
     "method.buffer_size": [-5, 2.5, "200"],
     "method.alpha": [-1, "big"],
     "method.beta": [-1, "x"],

@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from pbr.buffer import Buffer, sample_in_probability
+from pbr.buffer import Buffer
+from pbr.selection import reservoir_add, sample_in_probability, uncertainty_walk, walk_order
 
 SHAPE = (1, 2, 2)  # tiny images keep the statistical tests fast
 
@@ -51,7 +52,7 @@ def test_reservoir_matches_sequential_rule(device):
     buf = Buffer(cap, SHAPE, n_classes=3, device=device)
     g = torch.Generator(device=device).manual_seed(11)
     for b in batches:
-        buf.reservoir_add(*_batch(b), generator=g)
+        reservoir_add(buf, *_batch(b), generator=g)
         assert buf.size <= cap
     ref = _reservoir_reference(cap, batches, 11, device)
     expected = torch.tensor([ref[j] for j in range(cap)], device=device)
@@ -68,7 +69,7 @@ def test_reservoir_inclusion_is_uniform():
     for _ in range(reps):
         buf = Buffer(cap, SHAPE, n_classes=3)
         for ids in torch.split(torch.arange(stream), 32):
-            buf.reservoir_add(*_batch(ids), generator=g)
+            reservoir_add(buf, *_batch(ids), generator=g)
             assert buf.size == min(cap, buf.seen)
         counts += torch.bincount(buf.labels, minlength=stream)
     q = cap / stream
@@ -82,7 +83,7 @@ def test_reservoir_inclusion_is_uniform():
 def test_sample_and_get():
     buf = Buffer(20, SHAPE, n_classes=3)
     g = _gen(2)
-    buf.reservoir_add(*_batch(torch.arange(7)), generator=g)
+    reservoir_add(buf, *_batch(torch.arange(7)), generator=g)
     idx = buf.sample(32, g)
     assert idx.numel() == 7 and idx.unique().numel() == 7 and int(idx.max()) < 7
     images, labels, tasks, logits = buf.get(idx)
@@ -106,9 +107,9 @@ def test_sample_in_probability_by_hand():
     torch.testing.assert_close(p, torch.tensor([200 / 2998, 200 / 2999], dtype=torch.float64))
 
 
-def _walk(buf, n, scores, counts, g, order="desc", task=1, offset=0, candidate="advance"):
+def _walk(buf, n, scores, counts, g, order="uncertain_first", task=1, offset=0, candidate="advance"):
     images, labels, tasks, _ = _batch(torch.arange(offset, offset + n), task)
-    return buf.uncertainty_walk(images, labels, tasks, scores, torch.tensor(counts), g, order=order,
+    return uncertainty_walk(buf, images, labels, tasks, scores, torch.tensor(counts), g, order=order,
                                 candidate=candidate)
 
 
@@ -129,7 +130,7 @@ def test_walk_matches_sequential_rule():
     cap, n, counts = 6, 40, [2.0, 4.0]
     g = _gen(4)
     buf = Buffer(cap, SHAPE, n_classes=3)
-    buf.reservoir_add(*_batch(torch.arange(100, 103), task=0), generator=g)  # 3 slots free
+    reservoir_add(buf, *_batch(torch.arange(100, 103), task=0), generator=g)  # 3 slots free
     scores = torch.rand(n, generator=_gen(5))
     state = g.get_state()
     _walk(buf, n, scores, counts, g, order="random")
@@ -170,7 +171,7 @@ def _stored_task_mean(order, prefill, counts, reps=60, n=500, cap=50, seed=8, ca
     for _ in range(reps):
         buf = Buffer(cap, SHAPE, n_classes=3)
         if prefill:
-            buf.reservoir_add(*_batch(torch.arange(10_000, 10_000 + prefill), task=0), generator=g)
+            reservoir_add(buf, *_batch(torch.arange(10_000, 10_000 + prefill), task=0), generator=g)
         scores = torch.rand(n, generator=g)
         _walk(buf, n, scores, counts, g, order=order, candidate=candidate)
         mine = buf.tasks[: buf.size] == 1
@@ -182,8 +183,8 @@ def _stored_task_mean(order, prefill, counts, reps=60, n=500, cap=50, seed=8, ca
 def test_walk_prefers_uncertain_samples_while_the_buffer_has_room():
     # P_N = 50 / (N + 500) < 1 throughout and ~35 acceptances < 50 free slots: nothing is
     # evicted, so the front of the walk (acceptance twice the tail's) decides the content.
-    desc, task = _stored_task_mean("desc", 0, [500.0, 500.0])
-    asc, _ = _stored_task_mean("asc", 0, [500.0, 500.0])
+    desc, task = _stored_task_mean("uncertain_first", 0, [500.0, 500.0])
+    asc, _ = _stored_task_mean("certain_first", 0, [500.0, 500.0])
     rnd, _ = _stored_task_mean("random", 0, [500.0, 500.0])
     assert desc > task + 0.03
     assert asc < task - 0.03
@@ -194,7 +195,7 @@ def test_walk_is_order_free_once_the_buffer_is_full():
     # With a full buffer and P < 1 the walk is a reservoir over the task: each step is kept
     # with probability capacity / (n + offset) whatever its position, so the MI order has no
     # effect on what survives (the "advance" reading, docs/method.md).
-    desc, task = _stored_task_mean("desc", 50, [100.0, 100.0])
+    desc, task = _stored_task_mean("uncertain_first", 50, [100.0, 100.0])
     rnd, _ = _stored_task_mean("random", 50, [100.0, 100.0])
     assert abs(desc - task) < 0.03 and abs(rnd - task) < 0.03
 
@@ -202,8 +203,8 @@ def test_walk_is_order_free_once_the_buffer_is_full():
 def test_held_candidate_stores_the_most_uncertain_even_when_full():
     # The paper's text: a rejected candidate stays the candidate, so the task's share of the
     # buffer is its top-k by MI (then thinned by uniform sample-out), not a uniform subset.
-    desc, task = _stored_task_mean("desc", 50, [100.0, 100.0], candidate="hold")
-    asc, _ = _stored_task_mean("asc", 50, [100.0, 100.0], candidate="hold")
+    desc, task = _stored_task_mean("uncertain_first", 50, [100.0, 100.0], candidate="hold")
+    asc, _ = _stored_task_mean("certain_first", 50, [100.0, 100.0], candidate="hold")
     rnd, _ = _stored_task_mean("random", 50, [100.0, 100.0], candidate="hold")
     assert desc > 0.85 and asc < 0.15 and abs(rnd - task) < 0.03
 
@@ -215,7 +216,7 @@ def test_held_candidate_accepts_as_often_as_advance():
     g = _gen(12)
     for _ in range(200):
         buf = Buffer(cap, SHAPE, n_classes=3)
-        buf.reservoir_add(*_batch(torch.arange(10_000, 10_000 + cap), task=0), generator=g)
+        reservoir_add(buf, *_batch(torch.arange(10_000, 10_000 + cap), task=0), generator=g)
         accepted = _walk(buf, n, torch.rand(n, generator=g), counts, g, candidate="hold")
         stored.append(accepted.sum())
     # Each step's acceptance is Bernoulli(min(1, P_N)); the count is their sum.
@@ -225,7 +226,7 @@ def test_held_candidate_accepts_as_often_as_advance():
 def test_state_dict_round_trip_resumes_exactly():
     g = _gen(9)
     buf = Buffer(8, SHAPE, n_classes=3)
-    buf.reservoir_add(*_batch(torch.arange(13)), generator=g)
+    reservoir_add(buf, *_batch(torch.arange(13)), generator=g)
     _walk(buf, 10, torch.rand(10, generator=_gen(10)), [4.0, 9.0], g, offset=500)
     blob = io.BytesIO()
     torch.save(buf.state_dict(), blob)
@@ -237,8 +238,8 @@ def test_state_dict_round_trip_resumes_exactly():
         assert torch.equal(getattr(other, name), getattr(buf, name))
     g2 = torch.Generator()
     g2.set_state(g.get_state())
-    buf.reservoir_add(*_batch(torch.arange(20, 40)), generator=g)
-    other.reservoir_add(*_batch(torch.arange(20, 40)), generator=g2)
+    reservoir_add(buf, *_batch(torch.arange(20, 40)), generator=g)
+    reservoir_add(other, *_batch(torch.arange(20, 40)), generator=g2)
     assert torch.equal(other.labels, buf.labels)
     with pytest.raises(ValueError):
         Buffer(9, SHAPE, n_classes=3).load_state_dict(buf.state_dict())
@@ -252,13 +253,13 @@ def test_bad_arguments():
     buf = Buffer(5, SHAPE, n_classes=3)
     images, labels, tasks, logits = _batch(torch.arange(4))
     with pytest.raises(ValueError):
-        buf.reservoir_add(images.float(), labels, tasks, generator=_gen())
+        reservoir_add(buf, images.float(), labels, tasks, generator=_gen())
     with pytest.raises(ValueError):
-        buf.reservoir_add(images, labels, tasks, logits[:, :2], generator=_gen())
+        reservoir_add(buf, images, labels, tasks, logits[:, :2], generator=_gen())
     with pytest.raises(ValueError):
-        buf.reservoir_add(images, labels, tasks)
+        reservoir_add(buf, images, labels, tasks)
     with pytest.raises(ValueError):
-        buf.uncertainty_walk(images, labels, tasks, torch.rand(4), torch.tensor([]), _gen(), order="max")
+        uncertainty_walk(buf, images, labels, tasks, torch.rand(4), torch.tensor([]), _gen(), order="max")
 
 
 @CUDA
@@ -267,10 +268,10 @@ def test_cuda_walk_with_host_images_and_deterministic_mode():
     try:
         g = torch.Generator(device="cuda").manual_seed(12)
         buf = Buffer(16, SHAPE, n_classes=3, device="cuda")
-        buf.reservoir_add(*[t.cuda() for t in _batch(torch.arange(40), task=0)], generator=g)
+        reservoir_add(buf, *[t.cuda() for t in _batch(torch.arange(40), task=0)], generator=g)
         images, labels, tasks, logits = _batch(torch.arange(1000, 1200), task=1)  # task data on the host
         scores = torch.rand(200, generator=_gen(13)).cuda()
-        accepted = buf.uncertainty_walk(images, labels, tasks, scores, torch.tensor([20.0, 20.0]), g, logits=logits)
+        accepted = uncertainty_walk(buf, images, labels, tasks, scores, torch.tensor([20.0, 20.0]), g, logits=logits)
         assert accepted.device.type == "cuda" and buf.size == 16
         mine = buf.tasks == 1
         assert bool(mine.any())
@@ -283,12 +284,24 @@ def test_cuda_walk_with_host_images_and_deterministic_mode():
 
 def test_weighted_order_puts_a_sample_first_with_odds_of_its_weight():
     """A-Res keys: of two samples with weights 3 and 1, the first leads 3 times in 4."""
-    from pbr.buffer import walk_order
 
     g = torch.Generator().manual_seed(0)
     scores = torch.tensor([3.0, 1.0])
-    first = sum(int(walk_order(scores, "weighted", g)[0] == 0) for _ in range(4000)) / 4000
+    first = sum(int(walk_order(scores, "uncertain_weighted", g)[0] == 0) for _ in range(4000)) / 4000
     assert abs(first - 0.75) < 0.025, first  # binomial sd 0.007
     # With three samples, the one of weight 0 comes last every time.
     scores = torch.tensor([0.0, 2.0, 1.0])
-    assert all(walk_order(scores, "weighted", g)[-1] == 0 for _ in range(200))
+    assert all(walk_order(scores, "uncertain_weighted", g)[-1] == 0 for _ in range(200))
+
+
+def test_write_is_the_public_way_in_later_rows_win_and_targets_past_the_end_drop():
+    """The storage API a new policy (herding, per-task memories) writes through."""
+    buf = Buffer(4, (3, 2, 2), n_classes=3)
+    images = torch.arange(5, dtype=torch.uint8).view(5, 1, 1, 1).expand(5, 3, 2, 2).contiguous()
+    labels = torch.tensor([0, 1, 2, 0, 1])
+    buf.write(torch.tensor([1, 1, 4, 9, 0]), images, labels, torch.zeros(5, dtype=torch.int64),
+              scores=torch.tensor([0.5, 0.6, 0.7, 0.8, 0.9]))
+    assert buf.size == 0  # the policy sets how many slots are filled
+    assert buf.images[1, 0, 0, 0].item() == 1 and buf.labels[1].item() == 1  # row 1 came after row 0
+    assert buf.images[0, 0, 0, 0].item() == 4 and buf.scores[0].item() == pytest.approx(0.9)
+    assert buf.labels[2:].tolist() == [0, 0] and buf.images[2:].sum().item() == 0  # rows 2, 3 dropped

@@ -17,7 +17,7 @@ def test_project_params_are_the_papers_headline_configuration():
     assert (cfg.train.epochs, cfg.train.batch_size) == (50, 32)
     from stages.train import settings
 
-    s = settings(cfg)
+    s, sources = settings(cfg)
     # The paper's lr, head, tau2 and s; tau1 = 1 and the walk's readings are the measured defaults
     # (docs/method.md).
     assert (s["lr"], s["head"], s["tau1"], s["tau2"], s["scale"]) == (0.03, "cosine", 1.0, 2.0, 10.0)
@@ -54,7 +54,7 @@ BAD = [
     ({"data": {"seed": True}}, r"data.seed = True .* an integer"),
     ({"data": {"root": ""}}, r"data.root = ''"),
     ({"data": {"shard_mb": -1}}, r"data.shard_mb = -1"),
-    ({"method": {"name": "icarl"}}, r"method.name = 'icarl' .* sgd \| joint \| er \| der \| derpp \| pbr"),
+    ({"method": {"name": "nosuch"}}, r"method.name = 'nosuch' .* joint \| sgd \| er \| der \| derpp \| pbr"),
     ({"method": {"buffer_size": -5}}, r"method.buffer_size = -5 .* >= 0"),
     ({"train": {"epochs": 0}}, r"train.epochs = 0"),
     ({"train": {"batch_size": 1.0}}, r"train.batch_size = 1.0"),
@@ -112,3 +112,52 @@ def _env():
     import os
 
     return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def test_auto_values_come_from_the_published_table_of_the_runs_dataset_and_buffer():
+    """Mammoth's best_args (seq-cifar10 / seq-tinyimg / seq-cifar100) key DER++'s alpha and beta by
+    dataset and buffer; a pair it does not list falls back to the method's default, and says so."""
+    from stages.train import settings
+
+    def derpp(dataset, buffer):
+        s, sources = settings(from_dict({"data": {"dataset": dataset, "n_tasks": 5},
+                                         "method": {"name": "derpp", "buffer_size": buffer}}))
+        return (s["lr"], s["alpha"], s["beta"]), sources["alpha"]
+
+    assert derpp("cifar10", 200)[0] == (0.03, 0.1, 0.5)
+    assert derpp("cifar10", 500)[0] == (0.03, 0.2, 0.5)
+    assert derpp("tinyimagenet", 200)[0] == (0.03, 0.1, 1.0)  # not Seq-CIFAR-10's beta 0.5
+    assert "seq-tinyimg" in derpp("tinyimagenet", 200)[1]
+    values, source = derpp("cifar100", 200)  # Mammoth lists seq-cifar100 at buffer 500 and 2000 only
+    assert values == (0.03, 0.1, 0.5) and "no published value" in source
+    s, sources = settings(from_dict({"data": {"dataset": "tinyimagenet"}, "method": {"name": "er", "buffer_size": 500}}))
+    assert s["lr"] == 0.03 and "seq-tinyimg" in sources["lr"]  # ER's tuned 0.1 is Seq-CIFAR-10's
+    s, sources = settings(from_dict({"method": {"name": "er"}, "train": {"lr": 0.05}}))
+    assert s["lr"] == 0.05 and sources["lr"] == "params"
+
+
+def test_a_new_method_declares_its_settings_in_its_own_file(monkeypatch):
+    """The method section is built from the registry: a registered method's setting is a
+    validated params.yaml key without an edit to the config."""
+    from pbr.methods import METHODS, ContinualMethod, Setting
+    from stages import config
+
+    class Toy(ContinualMethod):
+        name = "toy"
+        settings = (Setting("toy_strength", float, 2.0, "how strong", lambda v: v > 0, "a positive number"),)
+
+    monkeypatch.setitem(METHODS, "toy", Toy)
+    MethodConfig = config._method_config()
+    monkeypatch.setattr(config, "MethodConfig", MethodConfig)
+    cfg = config._build(MethodConfig, {"name": "toy", "toy_strength": 3}, "method.", "params.yaml")
+    assert (cfg.name, cfg.toy_strength, cfg.tau1) == ("toy", 3.0, 1.0)
+    with pytest.raises(ConfigError, match=r"method.toy_strength = -1 .* a positive number"):
+        config._build(MethodConfig, {"toy_strength": -1}, "method.", "params.yaml")
+
+    class Clash(ContinualMethod):
+        name = "clash"
+        settings = (Setting("tau1", float, 5.0, "another default for PBR's key"),)
+
+    monkeypatch.setitem(METHODS, "clash", Clash)
+    with pytest.raises(TypeError, match="method.tau1 is declared differently"):
+        config._method_config()

@@ -2,7 +2,7 @@ import torch
 
 from pbr.data.augment import Augment, normalize
 from pbr.loop import evaluate, fit_task
-from pbr.methods import METHODS, Context, Options
+from pbr.methods import METHODS, Context
 from pbr.models import Net
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -16,9 +16,9 @@ def _setup(name, n_classes=4, n_tasks=2, buffer_size=16, **opts):
     per = n_classes // n_tasks
     ctx = Context(n_classes, [torch.arange(t * per, (t + 1) * per) for t in range(n_tasks)], torch.device("cpu"),
                   Augment(MEAN, STD), lambda x: normalize(x, MEAN, STD), g, replay_batch_size=8)
-    defaults = {k: cls.resolve(k, "auto", buffer_size) for k in ("lr", "alpha", "beta")}
-    o = Options(lr=defaults["lr"], buffer_size=buffer_size, alpha=defaults["alpha"] or 0.0,
-                beta=defaults["beta"] or 0.0, mc_samples=4, **opts)
+    if "mc_samples" in cls.setting_keys():
+        opts.setdefault("mc_samples", 4)
+    o, _ = cls.options("cifar10", buffer_size, **opts)
     return cls(net, ctx, o), ctx
 
 

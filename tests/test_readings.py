@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from pbr.buffer import sample_in_probability
+from pbr.selection import sample_in_probability
 from pbr.loop import fit_task
 from pbr.uncertainty import mc_probs, mutual_information
 from test_methods import _setup, _task
@@ -72,7 +72,7 @@ def test_mi_scale_scaled_or_cosine():
     equation cos / tau1 = 10 * cos."""
     expect = {"scaled": 1 / (1 + math.exp(-100.0)), "cosine": 1 / (1 + math.exp(-10.0))}
     for reading, p0 in expect.items():
-        method, _ = _setup("pbr", mi_logits=reading)
+        method, _ = _setup("pbr", mi_logits=reading, tau1=0.1)
         feats = _two_prototype_net(method)
         method.net.head.p = 0.0  # no dropout: the probabilities are the plain softmax
         probs = mc_probs(method.net, feats, 2, method.mi_temperature(), torch.Generator(),
@@ -87,7 +87,7 @@ def test_mi_at_the_head_scale_ties_more_samples_at_zero():
     at 10 * cos they are ranked."""
     zeros = {}
     for reading in ("scaled", "cosine"):
-        method, _ = _setup("pbr", mi_logits=reading)
+        method, _ = _setup("pbr", mi_logits=reading, tau1=0.1)
         net = method.net
         net.head.p = 0.1
         g = torch.Generator().manual_seed(0)

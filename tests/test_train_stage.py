@@ -108,7 +108,7 @@ def test_cuda_requested_without_a_gpu_is_a_clear_error(workdir, prepared):
 def test_compiled_model_trains_like_the_eager_one():
     import torch
 
-    from pbr.methods import METHODS, Context, Options
+    from pbr.methods import Context, create
     from pbr.models import Net
 
     def one_step(compiled):
@@ -117,7 +117,7 @@ def test_compiled_model_trains_like_the_eager_one():
             net.compile()
         ctx = Context(10, [torch.arange(0, 2), torch.arange(2, 4)], torch.device("cpu"), lambda x, g: x.float() / 255,
                       lambda x: x.float() / 255, torch.Generator().manual_seed(0))
-        m = METHODS["sgd"](net, ctx, Options(lr=0.1))
+        m = create("sgd", net, ctx, lr=0.1)
         x = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
         y = torch.tensor([0, 1] * 4)
         m.begin_task(0, x, y)

@@ -1,12 +1,24 @@
 """Continual methods: one file each, one registry line each."""
 
-from pbr.methods.base import ContinualMethod, Context, Options
+from pbr.methods.base import Best, ContinualMethod, Context, Options, Setting
 from pbr.methods.der import DER, DERpp
 from pbr.methods.er import ER
 from pbr.methods.joint import Joint
 from pbr.methods.pbr import PBR
 from pbr.methods.sgd import SGD
 
-METHODS: dict[str, type[ContinualMethod]] = {m.name: m for m in (SGD, Joint, ER, DER, DERpp, PBR)}
+# In the paper's table order (report rows follow it). Config validation, "auto" values, sweep grids
+# and report labels all read this registry.
+METHODS: dict[str, type[ContinualMethod]] = {m.name: m for m in (Joint, SGD, ER, DER, DERpp, PBR)}
 
-__all__ = ["METHODS", "ContinualMethod", "Context", "Options"]
+
+
+def create(name: str, net, ctx: Context, dataset: str = "cifar10", buffer_size: int = 200, **settings) -> ContinualMethod:
+    """The method `name` on `net`, its settings resolved as a run's are ("auto" or left out: the
+    method's own value for `dataset` and `buffer_size`)."""
+    cls = METHODS[name]
+    opts, _ = cls.options(dataset, buffer_size, **settings)
+    return cls(net, ctx, opts)
+
+
+__all__ = ["create", "METHODS", "Best", "ContinualMethod", "Context", "Options", "Setting"]

@@ -7,7 +7,8 @@ In the spirit of Mammoth's ContinualModel: a method owns the network, its optimi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from types import SimpleNamespace
+from typing import Any, Callable, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -35,33 +36,68 @@ class Context:
         return torch.cat(self.task_classes[: task + 1])
 
 
-@dataclass
-class Options:
-    """Method hyper-parameters; "auto" values are resolved from the method's `defaults`."""
+Auto = Literal["auto"]
 
-    lr: float = 0.03
-    buffer_size: int = 200
-    alpha: float = 0.0
-    beta: float = 0.0
-    tau1: float = 0.1
-    tau2: float = 2.0
-    mc_samples: int = 20
-    buffer_order: str = "desc"
-    candidate: str = "advance"
-    walk_count: str = "task"
-    offset: str = "class"  # s_i of the walk's offset: per-class or per-task sample counts
-    mi_logits: str = "scaled"  # MI of softmax(s*cos/tau1) ("scaled") or softmax(cos/tau1) ("cosine")
-    kl_classes: str = "old"  # KL softmaxes over the old classes only, or over all classes seen so far
-    imprint: bool = False  # new classes' weights start at their samples' mean normalised feature
-    reservoir: str = "every_epoch"  # online reservoir offered every epoch's batches, or the first epoch's
-    replay_ce: bool = True
+
+@dataclass(frozen=True)
+class Setting:
+    """A hyper-parameter a method reads, spelled `method.<key>` in params.yaml. The config is
+    built from these declarations: a key several methods read is declared alike by each."""
+
+    key: str
+    type: Any  # float, int, bool, a Literal[...] of words, or a union with Auto
+    default: Any  # params.yaml's value when the key is left out ("auto": the method's own value)
+    doc: str
+    check: Callable[[Any], bool] | None = None  # range check of a non-auto value
+    allowed: str = ""  # what a bad value's error says may be used (else read from the type)
+
+
+@dataclass(frozen=True)
+class Best:
+    """A published best setting of a method: `values` for `dataset` at `buffer_size` (None: every
+    buffer size), with where it was published."""
+
+    dataset: str
+    buffer_size: int | None
+    values: dict[str, Any]
+    source: str
+
+
+def non_negative(v) -> bool:
+    return v >= 0
+
+
+def positive(v) -> bool:
+    return v > 0
+
+
+# Settings more than one method reads; each declares the same object.
+ALPHA = Setting("alpha", float | Auto, "auto", "the method's first loss weight", non_negative, "a number >= 0 or auto")
+BETA = Setting("beta", float | Auto, "auto", "the method's second loss weight", non_negative, "a number >= 0 or auto")
+RESERVOIR = Setting("reservoir", Literal["every_epoch", "first_epoch"], "every_epoch",
+                    "the online reservoir is offered every epoch's batches (Mammoth) or the task's first epoch's "
+                    "only (each sample once, whatever the task's epochs)")
+MAMMOTH = "Mammoth utils/best_args.py @5bb9275"  # the DER paper's grid-searched best settings
+
+
+class Options(SimpleNamespace):
+    """A method's resolved settings (lr, buffer_size, and each key the method declares)."""
 
 
 class ContinualMethod:
     name: ClassVar[str] = "base"
+    label: ClassVar[str] = "base"  # as the paper's tables write it
     uses_buffer: ClassVar[bool] = False
-    # The method's documented best settings (Mammoth's for the baselines); "auto" picks these.
+    # Its place in the paper's tables: a "bound" (SGD, JOINT: also on the balanced stream), a
+    # "baseline", or "ours" (PBR).
+    role: ClassVar[str] = "baseline"
+    # The keys of params.yaml's `method` section this method reads (beyond name and buffer_size).
+    settings: ClassVar[tuple[Setting, ...]] = ()
+    # "auto" resolves to the first `best` entry for the run's dataset and buffer size, else to
+    # `defaults` (the paper's common protocol: plain SGD at lr 0.03, a linear head, no dropout).
     defaults: ClassVar[dict[str, Any]] = {"lr": 0.03, "head": "linear", "dropout": 0.0}
+    defaults_source: ClassVar[str] = "the paper's common protocol (lr 0.03 for every method)"
+    best: ClassVar[tuple[Best, ...]] = ()
 
     def __init__(self, net: Net, ctx: Context, opts: Options) -> None:
         self.net, self.ctx, self.opts = net, ctx, opts
@@ -75,12 +111,36 @@ class ContinualMethod:
         self.correct = torch.zeros((), dtype=torch.int64, device=ctx.device)
 
     @classmethod
-    def resolve(cls, key: str, value: Any, buffer_size: int) -> Any:
-        """A setting's value, with "auto" replaced by this method's default."""
+    def resolve(cls, key: str, value: Any, dataset: str, buffer_size: int) -> tuple[Any, str]:
+        """A setting's value with "auto" replaced by this method's own, and where that came from."""
         if value != "auto":
-            return value
-        d = cls.defaults.get(key)
-        return d(buffer_size) if callable(d) else d
+            return value, "params"
+        for b in cls.best:
+            if b.dataset == dataset and b.buffer_size in (None, buffer_size) and key in b.values:
+                return b.values[key], b.source
+        if key in cls.defaults:
+            return cls.defaults[key], cls.defaults_source
+        for s in cls.settings:
+            if s.key == key:
+                return s.default, "the method's declared default"
+        raise KeyError(f"{cls.name} has no value for {key!r}")
+
+    @classmethod
+    def setting_keys(cls) -> tuple[str, ...]:
+        return tuple(s.key for s in cls.settings)
+
+    @classmethod
+    def options(cls, dataset: str = "cifar10", buffer_size: int = 200, **given: Any) -> tuple[Options, dict[str, str]]:
+        """Resolved settings (lr and each declared key; "auto" or left out: the method's own value)
+        and the source of each."""
+        unknown = set(given) - {"lr", *cls.setting_keys()}
+        if unknown:
+            raise TypeError(f"{cls.name} has no setting {sorted(unknown)}; it reads lr, {', '.join(cls.setting_keys())}")
+        values: dict[str, Any] = {"buffer_size": buffer_size if cls.uses_buffer else 0}
+        sources: dict[str, str] = {}
+        for key, default in (("lr", "auto"), *((s.key, s.default) for s in cls.settings)):
+            values[key], sources[key] = cls.resolve(key, given.get(key, default), dataset, buffer_size)
+        return Options(**values), sources
 
     # --- the two calls the loop makes (plus begin_task) ---------------------------------------
     def begin_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:

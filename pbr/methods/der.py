@@ -4,13 +4,23 @@ cross-entropy on a second, independent buffer draw. Mammoth's rules and best hyp
 import torch
 import torch.nn.functional as F
 
-from pbr.methods.base import ContinualMethod
+from pbr.methods.base import ALPHA, BETA, MAMMOTH, RESERVOIR, Best, ContinualMethod
+from pbr.selection import reservoir_add
 
 
 class DER(ContinualMethod):
     name = "der"
+    label = "DER"
     uses_buffer = True
-    defaults = {"lr": 0.03, "head": "linear", "dropout": 0.0, "alpha": 0.3, "beta": 0.0}
+    settings = (ALPHA, RESERVOIR)  # alpha: weight of the logit MSE
+    defaults = {**ContinualMethod.defaults, "alpha": 0.3}
+    defaults_source = f"{MAMMOTH} seq-cifar10, buffer 200 (no published value for this dataset and buffer)"
+    best = (
+        Best("cifar10", None, {"lr": 0.03, "alpha": 0.3}, f"{MAMMOTH} seq-cifar10 (buffer 200, 500, 5120)"),
+        Best("tinyimagenet", None, {"lr": 0.03, "alpha": 0.1}, f"{MAMMOTH} seq-tinyimg (buffer 200, 500, 5120)"),
+        Best("cifar100", 500, {"lr": 0.03, "alpha": 0.3}, f"{MAMMOTH} seq-cifar100"),
+        Best("cifar100", 2000, {"lr": 0.03, "alpha": 0.3}, f"{MAMMOTH} seq-cifar100"),
+    )
 
     def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
         out = self.net(x)
@@ -19,18 +29,28 @@ class DER(ContinualMethod):
         if self.has_replay():
             bx, _, blogits = self.replay()
             loss = loss + self.opts.alpha * F.mse_loss(self.net(bx), blogits)
-            if self.opts.beta:
+            if getattr(self.opts, "beta", 0.0):
                 bx2, by2, _ = self.replay()
                 loss = loss + self.opts.beta * self.ce(self.net(bx2), by2)
         loss = self.step(loss)
         if self.offers_to_reservoir():
-            self.buffer.reservoir_add(raw, y, torch.full_like(y, self.task), logits=out.detach(),
-                                      generator=self.ctx.generator)
+            reservoir_add(self.buffer, raw, y, torch.full_like(y, self.task), logits=out.detach(),
+                          generator=self.ctx.generator)
         return loss
 
 
 class DERpp(DER):
     name = "derpp"
-    # Mammoth's best on Seq-CIFAR-10: buffer 200 -> alpha 0.1, beta 0.5; buffer 500 -> 0.2, 0.5.
-    defaults = {"lr": 0.03, "head": "linear", "dropout": 0.0,
-                "alpha": lambda buffer_size: 0.1 if buffer_size < 500 else 0.2, "beta": 0.5}
+    label = "DER++"
+    settings = (ALPHA, BETA, RESERVOIR)  # beta: weight of the second draw's cross-entropy
+    defaults = {**ContinualMethod.defaults, "alpha": 0.1, "beta": 0.5}
+    best = (
+        Best("cifar10", 200, {"lr": 0.03, "alpha": 0.1, "beta": 0.5}, f"{MAMMOTH} seq-cifar10"),
+        Best("cifar10", 500, {"lr": 0.03, "alpha": 0.2, "beta": 0.5}, f"{MAMMOTH} seq-cifar10"),
+        Best("cifar10", 5120, {"lr": 0.03, "alpha": 0.1, "beta": 1.0}, f"{MAMMOTH} seq-cifar10"),
+        Best("tinyimagenet", 200, {"lr": 0.03, "alpha": 0.1, "beta": 1.0}, f"{MAMMOTH} seq-tinyimg"),
+        Best("tinyimagenet", 500, {"lr": 0.03, "alpha": 0.2, "beta": 0.5}, f"{MAMMOTH} seq-tinyimg"),
+        Best("tinyimagenet", 5120, {"lr": 0.03, "alpha": 0.1, "beta": 0.5}, f"{MAMMOTH} seq-tinyimg"),
+        Best("cifar100", 500, {"lr": 0.03, "alpha": 0.1, "beta": 0.5}, f"{MAMMOTH} seq-cifar100"),
+        Best("cifar100", 2000, {"lr": 0.03, "alpha": 0.1, "beta": 0.5}, f"{MAMMOTH} seq-cifar100"),
+    )

@@ -2,13 +2,22 @@
 
 import torch
 
-from pbr.methods.base import ContinualMethod
+from pbr.methods.base import MAMMOTH, RESERVOIR, Best, ContinualMethod
+from pbr.selection import reservoir_add
 
 
 class ER(ContinualMethod):
     name = "er"
+    label = "ER"
     uses_buffer = True
-    defaults = {"lr": 0.1, "head": "linear", "dropout": 0.0}
+    settings = (RESERVOIR,)
+    best = (
+        Best("cifar10", None, {"lr": 0.1}, f"{MAMMOTH} seq-cifar10 (buffer 200, 500, 5120)"),
+        Best("tinyimagenet", 200, {"lr": 0.1}, f"{MAMMOTH} seq-tinyimg"),
+        Best("tinyimagenet", 500, {"lr": 0.03}, f"{MAMMOTH} seq-tinyimg"),
+        Best("cifar100", 500, {"lr": 0.1}, f"{MAMMOTH} seq-cifar100"),
+        Best("cifar100", 2000, {"lr": 0.1}, f"{MAMMOTH} seq-cifar100"),
+    )
 
     def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
         inputs, labels = x, y
@@ -19,5 +28,5 @@ class ER(ContinualMethod):
         self.count(out[: y.shape[0]], y)
         loss = self.step(self.ce(out, labels))
         if self.offers_to_reservoir():
-            self.buffer.reservoir_add(raw, y, torch.full_like(y, self.task), generator=self.ctx.generator)
+            reservoir_add(self.buffer, raw, y, torch.full_like(y, self.task), generator=self.ctx.generator)
         return loss

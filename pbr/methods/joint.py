@@ -12,6 +12,8 @@ from pbr.methods.base import ContinualMethod
 
 class Joint(ContinualMethod):
     name = "joint"
+    role = "bound"
+    label = "JOINT"
 
     def task_data(self, task, seen):
         if task < len(self.ctx.task_classes) - 1:

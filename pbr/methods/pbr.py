@@ -14,19 +14,43 @@ docs/method.md gives what the paper says, the defaults and the evidence.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
-from pbr.methods.base import ContinualMethod
+from pbr.methods.base import ALPHA, BETA, ContinualMethod, Setting, positive
+from pbr.selection import uncertainty_walk
 from pbr.uncertainty import score_images
 
 
 class PBR(ContinualMethod):
     name = "pbr"
+    role = "ours"
+    label = "PBR"
     uses_buffer = True
+    # The readings of the paper's open points are settings; docs/method.md gives the evidence.
+    settings = (
+        ALPHA,  # weight of the KL on buffer samples
+        BETA,  # weight of the prototype constraint
+        Setting("tau1", float, 1.0, "temperature of the CE (and of the MI, mi_logits)", positive,
+                "a positive number (0.1 in the paper; see docs/method.md)"),
+        Setting("tau2", float, 2.0, "temperature of the KL", positive, "a positive number (2 in the paper)"),
+        Setting("mc_samples", int, 20, "T, MC-dropout samples of the head", positive,
+                "a positive integer (T, MC-dropout samples)"),
+        Setting("buffer_order", Literal["uncertain_first", "certain_first", "random", "uncertain_weighted"],
+                "uncertain_weighted", "the walk's order of the task's samples by MI"),
+        Setting("walk_candidate", Literal["advance", "hold"], "hold",
+                "a rejected candidate is retried (hold, the paper's text) or passed over (advance)"),
+        Setting("walk_count", Literal["task", "stream"], "task", "N of the sample-in probability"),
+        Setting("offset", Literal["class", "task"], "task", "what s_i of the sample-in offset counts"),
+        Setting("mi_logits", Literal["scaled", "cosine"], "scaled", "the logit scale the MI is taken at"),
+        Setting("kl_classes", Literal["old", "all"], "old", "the classes the KL's softmaxes run over"),
+        Setting("imprint", bool, False, "new classes' vectors start at their samples' mean feature (LUCIR)"),
+        Setting("replay_ce", bool, True, "cross-entropy on buffer samples too"),
+    )
     defaults = {"lr": 0.03, "head": "cosine", "dropout": 0.1, "alpha": 1.0, "beta": 1.0}
+    defaults_source = "the paper (lr 0.03, alpha = beta = 1, cosine head, dropout before the head)"
 
     def __init__(self, net, ctx, opts) -> None:
         super().__init__(net, ctx, opts)
@@ -103,9 +127,8 @@ class PBR(ContinualMethod):
                              self.ctx.preprocess, self.ctx.generator, classes=seen)
         # N of the sample-in probability: this walk's steps ("task") or the whole stream so far.
         start = int(self.class_counts.sum()) if self.opts.walk_count == "stream" else 0
-        self.buffer.uncertainty_walk(images, labels, torch.full_like(labels, task), mi, before,
-                                     self.ctx.generator, order=self.opts.buffer_order,
-                                     candidate=self.opts.candidate, start=start)
+        uncertainty_walk(self.buffer, images, labels, torch.full_like(labels, task), mi, before, self.ctx.generator,
+                         order=self.opts.buffer_order, candidate=self.opts.walk_candidate, start=start)
         self.class_counts += torch.bincount(labels.cpu(), minlength=self.ctx.n_classes).double()
         self.task_counts.append(int(labels.shape[0]))
         self.snapshot_teacher()

@@ -7,6 +7,8 @@ from pbr.methods.base import ContinualMethod
 
 class SGD(ContinualMethod):
     name = "sgd"
+    role = "bound"
+    label = "SGD"
 
     def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
         out = self.net(x)

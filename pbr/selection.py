@@ -1,0 +1,141 @@
+"""Selection policies over the replay storage (pbr/buffer.py): Mammoth's online reservoir (ER,
+DER, DER++) and PBR's end-of-task uncertainty-guided walk (docs/method.md). Each decides which
+samples go to which slots and writes them through `Buffer.write`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pbr.buffer import Buffer
+from pbr.rng import check_generator
+
+ORDERS = ("uncertain_first", "certain_first", "random", "uncertain_weighted")
+CANDIDATES = ("hold", "advance")
+
+
+def sample_in_probability(n_steps: int, class_counts: torch.Tensor, capacity: int, start: int = 0) -> torch.Tensor:
+    """P_N = capacity / (N + sum_i s_i w_i), w = softmax(-s), for N = start+1..start+n_steps (float64).
+
+    `start` = 0 counts the steps of this walk only (the paper's N_c read per walk); the number of
+    samples walked in earlier tasks makes N count the whole stream (Mammoth's num_seen_examples).
+
+    Raw P: the walk accepts with min(1, P). Empty `class_counts` (first task) gives sum 0.
+    """
+    if n_steps < 0:
+        raise ValueError(f"n_steps must be >= 0, got {n_steps}")
+    s = torch.as_tensor(class_counts).to(torch.float64).reshape(-1)
+    # torch.softmax subtracts the max, so large counts do not underflow to 0/0.
+    offset = (s * torch.softmax(-s, dim=0)).sum() if s.numel() else s.new_zeros(())
+    n = torch.arange(start + 1, start + n_steps + 1, dtype=torch.float64, device=s.device)
+    return capacity / (n + offset)
+
+
+def walk_order(scores: torch.Tensor, order: str, generator: torch.Generator) -> torch.Tensor:
+    """The indices of `scores` in walk order (see uncertainty_walk)."""
+    b, dev, g = scores.shape[0], scores.device, generator
+    if order == "random":
+        return torch.randperm(b, generator=g, device=dev)
+    if order == "uncertain_weighted":
+        # Weighted random order (Efraimidis & Spirakis' A-Res keys u^(1/w), compared as
+        # log(u) / w): sample i comes before j with odds w_i : w_j, w = the score, so the
+        # uncertain samples come first in priority without the walk becoming a top-k.
+        w = scores.double().clamp_min(0) + 1e-12
+        keys = torch.log(torch.rand(b, dtype=torch.float64, generator=g, device=dev)) / w
+        return torch.argsort(keys, descending=True, stable=True)
+    return torch.argsort(scores, descending=order == "uncertain_first", stable=True)
+
+
+def reservoir_add(
+    buffer: Buffer,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    tasks: torch.Tensor,
+    logits: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> None:
+    """Mammoth's online reservoir rule, applied to the batch in order, vectorised.
+
+    Stream sample n (0-based) goes to slot n while n < capacity; otherwise
+    j = floor(u * (n + 1)) with u = torch.rand(B, dtype=float64, generator) (one draw per
+    sample of the batch, drawn for every sample) and slot j is replaced if j < capacity.
+    """
+    b = buffer.check_batch(images, labels, tasks, logits)
+    g = check_generator(generator, buffer.device)
+    u = torch.rand(b, dtype=torch.float64, generator=g, device=buffer.device)
+    n = torch.arange(buffer.seen, buffer.seen + b, device=buffer.device)
+    j = torch.minimum(torch.floor(u * (n + 1)).to(torch.int64), n)
+    slot = torch.where(n < buffer.capacity, n, j)
+    slot = torch.where(slot < buffer.capacity, slot, buffer.capacity)
+    buffer.write(slot, images, labels, tasks, logits, None)
+    buffer.seen += b
+    buffer.size = min(buffer.capacity, buffer.seen)
+
+def uncertainty_walk(
+    buffer: Buffer,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    tasks: torch.Tensor,
+    scores: torch.Tensor,
+    class_counts: torch.Tensor,
+    generator: torch.Generator,
+    order: str = "uncertain_first",
+    logits: torch.Tensor | None = None,
+    candidate: str = "advance",
+    start: int = 0,
+) -> torch.Tensor:
+    """PBR's end-of-task walk over the task just learned. Returns the accept mask [B]
+    (input order; an accepted sample may be overwritten later in the same walk).
+
+    The samples are walked in `order` of `scores` ("uncertain_first": the paper's text;
+    "certain_first": its Eq.'s arg min; "random": the Ours-Random ablation; "uncertain_weighted":
+    a random order drawn with weights = scores, weighted reservoir sampling's priority). Step N
+    (1-based) is accepted iff u_N < min(1, P_N), P from `sample_in_probability` with the
+    running counts of the classes seen before this task. Accepted samples fill free slots
+    in walk order, then each replaces a uniformly random slot.
+
+    `candidate`: "advance" (every step moves on to the next
+    sample) or "hold" (the paper's text: a rejected candidate stays the candidate for the
+    next step, so the k-th acceptance stores the k-th sample in walk order). With "advance" and a full buffer the
+    walk keeps each sample with probability capacity / (n + offset) whatever its position:
+    the product of acceptance and survival telescopes, so the MI order has no effect.
+
+    Draws from `generator` (on `scores`' device), in this order: the permutation (random
+    and weighted orders only), u = torch.rand(B, float64), slots = torch.randint(capacity, (B,)).
+    """
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if candidate not in CANDIDATES:
+        raise ValueError(f"candidate must be one of {CANDIDATES}, got {candidate!r}")
+    b = buffer.check_batch(images, labels, tasks, logits)
+    if scores.shape != (b,):
+        raise ValueError(f"scores must be [{b}], got {tuple(scores.shape)}")
+    dev = scores.device
+    g = check_generator(generator, dev)
+    perm = walk_order(scores, order, g)
+    p = sample_in_probability(b, torch.as_tensor(class_counts).to(dev), buffer.capacity, start)
+    u = torch.rand(b, dtype=torch.float64, generator=g, device=dev)
+    rand_slot = torch.randint(buffer.capacity, (b,), generator=g, device=dev)
+    accept = u < p.clamp(max=1.0)  # walk order
+    rank = torch.cumsum(accept, 0) - 1
+    free = buffer.capacity - buffer.size
+    slot = torch.where(rank < free, buffer.size + rank, rand_slot)
+    slot = torch.where(accept, slot, buffer.capacity)
+    # Once per task, so a host sync is fine: move only the accepted rows to the buffer.
+    rows = torch.nonzero(accept).squeeze(1)
+    src = perm[: rows.numel()] if candidate == "hold" else perm[rows]
+    idx = src.to(images.device)
+    buffer.write(
+        slot[rows],
+        images[idx],
+        labels[src.to(labels.device)],
+        tasks[src.to(tasks.device)],
+        None if logits is None else logits[src.to(logits.device)],
+        scores[src],
+    )
+    n_accepted = rows.numel()
+    buffer.size = min(buffer.capacity, buffer.size + n_accepted)
+    accepted = torch.zeros(b, dtype=torch.bool, device=dev)
+    accepted[src] = True
+    return accepted
+
