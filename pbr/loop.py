@@ -1,5 +1,5 @@
-"""The training loop and the evaluation pass: tensors on one device, no per-sample Python,
-one host sync per epoch (the epoch's loss and accuracy)."""
+"""The task loop, the epoch loop and the evaluation pass: tensors on one device, no per-sample
+Python, one host sync per epoch (the epoch's loss and accuracy)."""
 
 from __future__ import annotations
 
@@ -29,10 +29,11 @@ def fit_task(
     on_epoch: Callable[[EpochStats], None] | None = None,
 ) -> list[EpochStats]:
     """Train `method` on one task's uint8 images for `epochs` passes in seeded random order."""
-    ctx, net = method.ctx, method.net
+    ctx = method.ctx
     n = labels.shape[0]
     stats = []
-    net.train()
+    for m in method.networks():
+        m.train()
     for epoch in range(epochs):
         total = torch.zeros((), device=ctx.device)
         method.correct.zero_()
@@ -56,39 +57,80 @@ def fit_task(
 
 @torch.inference_mode()
 def evaluate(
-    net: torch.nn.Module,
+    method: ContinualMethod,
     tests: list[tuple[torch.Tensor, torch.Tensor]],
-    task_classes: list[torch.Tensor],
     seen_tasks: int,
-    preprocess: Callable[[torch.Tensor], torch.Tensor],
     batch_size: int = 128,
 ) -> tuple[list[float], list[float]]:
-    """Accuracy (%) on every task's test set: Class-IL (argmax over the classes of tasks
-    0..seen_tasks-1) and Task-IL (argmax over the test task's own classes)."""
-    was_training = net.training
-    net.eval()
-    device = task_classes[0].device
+    """Accuracy (%) on every task's test set through the method's own prediction: Class-IL
+    (argmax over the classes of tasks 0..seen_tasks-1, no task identity) and Task-IL (argmax over
+    the test task's own classes, the task given)."""
+    ctx = method.ctx
+    task_classes, device = ctx.task_classes, ctx.device
+    modes = [(m, m.training) for m in method.networks()]
+    for m, _ in modes:
+        m.eval()
     seen = torch.cat(task_classes[:seen_tasks])
-    n_out = None
+    seen_mask = task_mask = None
     class_il, task_il = [], []
     for i, (images, labels) in enumerate(tests):
         c_correct = torch.zeros((), dtype=torch.int64, device=device)
         t_correct = torch.zeros((), dtype=torch.int64, device=device)
         for start in range(0, labels.shape[0], batch_size):
-            logits = net(preprocess(images[start:start + batch_size]))
+            x = ctx.preprocess(images[start:start + batch_size])
+            scores = method.predict(x)
             y = labels[start:start + batch_size]
-            if n_out is None:
-                n_out = logits.shape[1]
-                seen_mask = torch.full((n_out,), float("-inf"), device=device)
+            if seen_mask is None:
+                seen_mask = torch.full((scores.shape[1],), float("-inf"), device=device)
                 seen_mask[seen] = 0
-            task_mask = torch.full((n_out,), float("-inf"), device=device)
+            task_mask = torch.full((scores.shape[1],), float("-inf"), device=device)
             task_mask[task_classes[i]] = 0
-            c_correct += ((logits + seen_mask).argmax(1) == y).sum()
-            t_correct += ((logits + task_mask).argmax(1) == y).sum()
+            c_correct += ((scores + seen_mask).argmax(1) == y).sum()
+            # A method that uses the task identity predicts again with it; others reuse the scores.
+            t_scores = method.predict(x, task=i) if method.uses_task_identity else scores
+            t_correct += ((t_scores + task_mask).argmax(1) == y).sum()
         class_il.append(c_correct)
         task_il.append(t_correct)
-    net.train(was_training)
+    for m, was_training in modes:
+        m.train(was_training)
     sizes = torch.tensor([t[1].shape[0] for t in tests], dtype=torch.float64)
     c = torch.stack(class_il).double().cpu() / sizes * 100  # one host sync for the whole row
     t = torch.stack(task_il).double().cpu() / sizes * 100
     return c.tolist(), t.tolist()
+
+
+class Observer:
+    """What a caller of train_tasks watches; every call is optional."""
+
+    def task_started(self, task: int, n_images: int, epochs: int) -> None: ...
+
+    def batch_done(self, n_images: int) -> None: ...
+
+    def epoch_done(self, task: int, stats: EpochStats) -> None: ...
+
+    def task_done(self, task: int, stats: list[EpochStats], class_il: list[float], task_il: list[float]) -> None: ...
+
+
+def train_tasks(
+    method: ContinualMethod,
+    train_sets: list[tuple[torch.Tensor, torch.Tensor]],
+    test_sets: list[tuple[torch.Tensor, torch.Tensor]],
+    epochs: list[int],
+    batch_size: int,
+    start: int = 0,
+    eval_batch_size: int = 128,
+    observer: Observer | None = None,
+) -> None:
+    """The tasks start..T-1 one after another: begin_task, the epochs, end_task, then the accuracy
+    row on every task's test set, reported to `observer.task_done` (which saves, when the caller
+    wants a resumable run)."""
+    obs = observer or Observer()
+    for k in range(start, len(train_sets)):
+        images, labels = method.task_data(k, train_sets)
+        method.begin_task(k, images, labels)
+        obs.task_started(k, labels.shape[0], epochs[k])
+        stats = fit_task(method, images, labels, epochs[k], batch_size, obs.batch_done,
+                         lambda e, k=k: obs.epoch_done(k, e))
+        method.end_task(k, images, labels)
+        c_row, t_row = evaluate(method, test_sets, k + 1, eval_batch_size)
+        obs.task_done(k, stats, c_row, t_row)

@@ -2,7 +2,6 @@
 
 from pathlib import Path
 
-PARAMS = Path("params.yaml")
 PREPARED = Path("data/prepared")
 REPORTS = Path("reports")
 PREPARE_PLOTS = REPORTS / "prepare"
@@ -12,6 +11,12 @@ SCORE_REPORTS = REPORTS / "score"
 EVAL = REPORTS / "eval"
 METRICS = REPORTS / "metrics.json"
 DVC_LOCK = Path("dvc.lock")
+
+# The code that shapes the trained weights: the train stage's DVC deps (besides the prepared data)
+# and what its resume fingerprint hashes (the resolved settings are hashed as values, so the
+# config's own code is not in).
+TRAIN_CODE = ("pbr/methods", "pbr/models", "pbr/buffer.py", "pbr/selection.py", "pbr/rng.py", "pbr/loop.py",
+              "pbr/uncertainty.py", "pbr/data/augment.py", "pbr/data/shards.py", "stages/train.py")
 
 
 def anchor(cwd: Path | None = None) -> Path:

@@ -13,15 +13,21 @@ from __future__ import annotations
 from stages import artifacts, paths, plots, threads
 
 
-def load_net(path, device):
+def _score(method, images, T, tau, batch_size, pre, gen, classes, dropout):
+    """MC-dropout MI and entropy of the method's network, and the method's own prediction (Class-IL
+    over `classes`): read off the same pass when the method predicts with its network."""
     import torch
 
-    from pbr.models import Net
+    from pbr.uncertainty import score_and_predict
 
-    saved = torch.load(path, map_location=device, weights_only=False)
-    net = Net(saved["n_classes"], saved["width"], saved["head"], saved["scale"], saved["dropout"]).to(device)
-    net.load_state_dict(saved["state_dict"])
-    return net, saved
+    mi, ent, pred = score_and_predict(method.net, images, T, tau, batch_size, pre, gen, classes, dropout)
+    if not method.predicts_with_net:
+        with torch.inference_mode():
+            device = classes.device
+            scores = torch.cat([method.predict(pre(images[i:i + batch_size].to(device)))
+                                for i in range(0, images.shape[0], batch_size)])
+            pred = classes[scores.index_select(1, classes).argmax(1)]
+    return mi, ent, pred
 
 
 def run(cfg, log=print, tracker=None) -> dict:
@@ -33,8 +39,7 @@ def run(cfg, log=print, tracker=None) -> dict:
     from pbr.data.augment import MEAN_STD, normalize
     from pbr.data.shards import load_manifest, read_split
     from pbr.errors import UserError
-    from pbr.uncertainty import score_and_predict
-    from stages.train import resolve_device
+    from stages.train import load_method, resolve_device
 
     manifest = load_manifest(paths.PREPARED)
     n_tasks = manifest["n_tasks"]
@@ -47,7 +52,7 @@ def run(cfg, log=print, tracker=None) -> dict:
     pre = lambda x: normalize(x, mean, std)  # noqa: E731
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     T, bs = cfg.method.mc_samples, cfg.train.eval_batch_size
-    final, saved = load_net(last, device)
+    final, saved = load_method(last, manifest, device, gen)
     dropout = cfg.score.dropout if cfg.score.dropout != "auto" else (saved["dropout"] or 0.1)
     # auto: the temperature PBR's walk scores with (tau1 on s*cos, or tau1*s with method.mi_logits: cosine)
     tau = cfg.score.temperature if cfg.score.temperature != "auto" else (
@@ -58,14 +63,14 @@ def run(cfg, log=print, tracker=None) -> dict:
                                              "correct_own", "mi_final", "entropy_final", "correct_final")}
     all_classes = torch.tensor(sorted(c for t in manifest["task_classes"] for c in t), device=device)
     for k in range(n_tasks):
-        own, _ = load_net(paths.TRAIN / f"task_{k:02d}" / "model.pt", device)
+        own, _ = load_method(paths.TRAIN / f"task_{k:02d}" / "model.pt", manifest, device, gen)
         seen = torch.tensor(sorted(c for t in manifest["task_classes"][: k + 1] for c in t), device=device)
         for split in ("train", "test"):
             s = read_split(paths.PREPARED, manifest, k, split)
             images = torch.from_numpy(s.images).permute(0, 3, 1, 2)
             labels = torch.from_numpy(s.labels).to(device)
-            mi, ent, pred = score_and_predict(own, images, T, tau, bs, pre, gen, seen, dropout)
-            mi_f, ent_f, pred_f = score_and_predict(final, images, T, tau, bs, pre, gen, all_classes, dropout)
+            mi, ent, pred = _score(own, images, T, tau, bs, pre, gen, seen, dropout)
+            mi_f, ent_f, pred_f = _score(final, images, T, tau, bs, pre, gen, all_classes, dropout)
             n = len(s.labels)
             cols["split"] += [split] * n
             cols["index"].append(s.indices)

@@ -26,7 +26,6 @@ from pbr.errors import UserError
 from stages.paths import anchor
 
 EXPERIMENT = "pbr"
-STAGES = ("prepare", "train", "score", "evaluate")
 
 
 def tracking_uri(cwd: Path | None = None) -> str:

@@ -52,22 +52,22 @@ def settings(cfg: Config) -> tuple[dict, dict]:
     }, sources
 
 
-def _code_hash() -> str:
-    import pbr
-    import stages
-
+def code_hash(root: Path | None = None) -> str:
+    """sha256 of the code that shapes the trained weights (paths.TRAIN_CODE, also the train stage's
+    DVC deps): an edit elsewhere (report, metrics, plots) keeps a finished or killed run."""
+    root = root or Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for pkg in (pbr, stages):
-        root = Path(pkg.__file__).parent
-        for f in sorted(root.rglob("*.py")):
-            h.update(f.relative_to(root.parent).as_posix().encode())
+    for entry in paths.TRAIN_CODE:
+        p = root / entry
+        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
+            h.update(f.relative_to(root).as_posix().encode())
             h.update(f.read_bytes())
     return h.hexdigest()
 
 
 def fingerprint(s: dict, manifest: dict, device) -> str:
     data = {"shards": [x["sha256"] for x in manifest["shards"]], "order": manifest["class_order"]}
-    blob = json.dumps({"settings": s, "data": data, "device": device.type, "code": _code_hash()}, sort_keys=True)
+    blob = json.dumps({"settings": s, "data": data, "device": device.type, "code": code_hash()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -104,14 +104,18 @@ def buffer_table(buffer):
     })
 
 
-def _save_task(out: Path, k: int, net, method, s: dict, rows: dict, epochs: list, ctx, manifest) -> None:
+def _save_task(out: Path, k: int, method, s: dict, rows: dict, epochs: list, manifest) -> None:
     import pyarrow.parquet as pq
     import torch
 
+    ctx = method.ctx
     with artifacts.atomic_dir(out / f"task_{k:02d}") as tmp:
-        torch.save({"state_dict": net.state_dict(), "task": k, "n_classes": manifest["n_classes"],
+        # The method's model state (the net's state_dict, and whatever else it predicts with), plus
+        # the settings that rebuild it (load_method).
+        torch.save({**method.model_state(), "task": k, "n_classes": manifest["n_classes"],
                     "classes_seen": sorted(c for t in manifest["task_classes"][: k + 1] for c in t),
-                    **{key: s[key] for key in ("width", "head", "scale", "dropout", "method")}}, tmp / "model.pt")
+                    **{key: s[key] for key in ("width", "head", "scale", "dropout", "method")},
+                    "settings": s}, tmp / "model.pt")
         if method.buffer is not None:
             pq.write_table(buffer_table(method.buffer), tmp / "buffer.parquet")
         (tmp / "accuracy.json").write_text(json.dumps(
@@ -145,16 +149,79 @@ def _finished_tasks(out: Path, n_tasks: int) -> int:
     return k
 
 
+def build_method(s: dict, manifest: dict, device, generator, init_generator=None):
+    """The method of settings `s` on a fresh network, for the prepared data of `manifest`."""
+    import torch
+
+    from pbr.data.augment import MEAN_STD, Augment, normalize
+    from pbr.methods import METHODS, Context, Options
+    from pbr.models import Net
+
+    mean, std = MEAN_STD[manifest["dataset"]]
+    fmt = torch.channels_last if s["channels_last"] else torch.contiguous_format
+    augment = Augment(mean, std)
+    ctx = Context(n_classes=manifest["n_classes"],
+                  task_classes=[torch.tensor(c, device=device) for c in manifest["task_classes"]], device=device,
+                  augment=lambda x, g: augment(x, g).contiguous(memory_format=fmt),
+                  preprocess=lambda x: normalize(x, mean, std).contiguous(memory_format=fmt), generator=generator,
+                  replay_batch_size=s["replay_batch_size"], eval_batch_size=s["eval_batch_size"],
+                  autocast_dtype=torch.bfloat16 if s["precision"] == "bf16" else None)
+    net = Net(manifest["n_classes"], s["width"], s["head"], s["scale"], s["dropout"], generator=init_generator).to(
+        device, memory_format=fmt)
+    cls = METHODS[s["method"]]
+    opts = Options(lr=s["lr"], buffer_size=max(s["buffer_size"], 1), **{k: s[k] for k in cls.setting_keys()})
+    return cls(net, ctx, opts)
+
+
+def load_method(path: Path, manifest: dict, device, generator):
+    """The method as saved after a task (model.pt), ready to predict."""
+    import torch
+
+    saved = torch.load(path, map_location=device, weights_only=False)
+    method = build_method(saved["settings"], manifest, device, generator)
+    method.load_model_state(saved)
+    for net in method.networks():
+        net.eval()
+    return method, saved
+
+
+class _TaskRecorder:
+    """The stage's side of the task loop: progress, fault points, the saved task, MLflow, the log."""
+
+    def __init__(self, out: Path, method, s: dict, manifest: dict, rows: dict, epochs_log: list, tracker, log):
+        self.out, self.method, self.s, self.manifest = out, method, s, manifest
+        self.rows, self.epochs_log, self.tracker, self.log = rows, epochs_log, tracker, log
+        self.progress = None
+
+    def task_started(self, task: int, n_images: int, epochs: int) -> None:
+        from stages.progress import TaskProgress
+
+        self.progress = TaskProgress(task, self.manifest["n_tasks"], epochs, n_images)
+
+    def batch_done(self, n_images: int) -> None:
+        self.progress.on_batch(n_images)
+
+    def epoch_done(self, task: int, e) -> None:
+        self.progress.on_epoch(e)
+        faults.point(f"train:task{task}:epoch{e.epoch}")
+
+    def task_done(self, k: int, stats, c_row: list[float], t_row: list[float]) -> None:
+        self.progress.close()
+        self.rows["class_il"].append(c_row)
+        self.rows["task_il"].append(t_row)
+        self.epochs_log.append([{"epoch": e.epoch, "loss": e.loss, "accuracy": e.accuracy} for e in stats])
+        _save_task(self.out, k, self.method, self.s, self.rows, self.epochs_log, self.manifest)
+        _track_task(self.tracker, k, self.rows, self.epochs_log, self.s["epochs"])
+        self.log(f"task {k + 1}/{self.manifest['n_tasks']} done: Class-IL {[round(a, 2) for a in c_row[: k + 1]]}, "
+                 f"Task-IL {[round(a, 2) for a in t_row[: k + 1]]}")
+        faults.point(f"train:after_task{k}")
+
+
 def run(cfg: Config, log=print, tracker=None) -> dict:
     import torch
 
-    from pbr import metrics
-    from pbr.data.augment import MEAN_STD, Augment, normalize
     from pbr.data.shards import load_manifest
-    from pbr.loop import evaluate, fit_task
-    from pbr.methods import METHODS, Context, Options
-    from pbr.models import Net
-    from stages.progress import TaskProgress
+    from pbr.loop import train_tasks
 
     manifest = load_manifest(paths.PREPARED)
     device = resolve_device(cfg.train.device)
@@ -187,39 +254,26 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
                           **{f"source.{k}": v for k, v in sources.items() if v != "params"}})
     # threads are recorded, not fingerprinted: a run resumed with other threads goes on (results may
     # differ in the last digits, as any change of thread count does on a CPU).
-    artifacts.write_text(run_file, json.dumps({"fingerprint": fp, "settings": s, "sources": sources, "device": str(device),
-                                               "threads": n_threads,
+    artifacts.write_text(run_file, json.dumps({"fingerprint": fp, "settings": s, "sources": sources,
+                                               "device": str(device), "threads": n_threads,
                                                "n_tasks": manifest["n_tasks"]}, indent=1))
 
     torch.manual_seed(cfg.seed)
     init_gen = torch.Generator().manual_seed(cfg.seed)  # same initial weights on every device
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    mean, std = MEAN_STD[manifest["dataset"]]
     train_sets, test_sets = _load_tasks(manifest, device)
-    task_classes = [torch.tensor(c, device=device) for c in manifest["task_classes"]]
-    fmt = torch.channels_last if s["channels_last"] else torch.contiguous_format
-    augment = Augment(mean, std)
-    ctx = Context(n_classes=manifest["n_classes"], task_classes=task_classes, device=device,
-                  augment=lambda x, g: augment(x, g).contiguous(memory_format=fmt),
-                  preprocess=lambda x: normalize(x, mean, std).contiguous(memory_format=fmt), generator=gen,
-                  replay_batch_size=s["replay_batch_size"], eval_batch_size=s["eval_batch_size"],
-                  autocast_dtype=torch.bfloat16 if s["precision"] == "bf16" else None)
-    net = Net(manifest["n_classes"], s["width"], s["head"], s["scale"], s["dropout"], generator=init_gen).to(
-        device, memory_format=fmt)
+    method = build_method(s, manifest, device, gen, init_gen)
     if s["compile"]:
-        net.compile()  # the forward only: state_dict keys stay the same; copies (the teacher) run eager
-    cls = METHODS[s["method"]]
-    opts = Options(lr=s["lr"], buffer_size=max(s["buffer_size"], 1), **{k: s[k] for k in cls.setting_keys()})
-    method = METHODS[s["method"]](net, ctx, opts)
+        method.net.compile()  # the forward only: state_dict keys stay the same; copies (the teacher) run eager
 
     n_tasks = manifest["n_tasks"]
     rows: dict = {"class_il": [], "task_il": []}
     epochs_log: list = []
     start = _finished_tasks(out, n_tasks)
     if start:
-        state = torch.load(out / f"task_{start - 1:02d}" / STATE, map_location=device, weights_only=False)
-        net.load_state_dict(torch.load(out / f"task_{start - 1:02d}" / "model.pt", map_location=device,
-                                       weights_only=False)["state_dict"])
+        last = out / f"task_{start - 1:02d}"
+        state = torch.load(last / STATE, map_location=device, weights_only=False)
+        method.load_model_state(torch.load(last / "model.pt", map_location=device, weights_only=False))
         method.load_state_dict(state["method"])
         gen.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
@@ -232,41 +286,19 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
             _track_task(tracker, k, rows, epochs_log, s["epochs"])
 
     t_all = time.perf_counter()
-    for k in range(start, n_tasks):
-        images, labels = method.task_data(k, train_sets)
-        method.begin_task(k, images, labels)
-        progress = TaskProgress(k, n_tasks, s["epochs"][k], labels.shape[0])
+    recorder = _TaskRecorder(out, method, s, manifest, rows, epochs_log, tracker, log)
+    try:
+        train_tasks(method, train_sets, test_sets, s["epochs"], s["batch_size"], start, s["eval_batch_size"], recorder)
+    finally:
+        if recorder.progress is not None:
+            recorder.progress.close()
 
-        def on_epoch(e, k=k, progress=progress):
-            progress.on_epoch(e)
-            faults.point(f"train:task{k}:epoch{e.epoch}")
-
-        try:
-            stats = fit_task(method, images, labels, s["epochs"][k], s["batch_size"], progress.on_batch, on_epoch)
-        finally:
-            progress.close()
-        method.end_task(k, images, labels)
-        c_row, t_row = evaluate(net, test_sets, task_classes, k + 1, ctx.preprocess, s["eval_batch_size"])
-        rows["class_il"].append(c_row)
-        rows["task_il"].append(t_row)
-        epochs_log.append([{"epoch": e.epoch, "loss": e.loss, "accuracy": e.accuracy} for e in stats])
-        _save_task(out, k, net, method, s, rows, epochs_log, ctx, manifest)
-        _track_task(tracker, k, rows, epochs_log, s["epochs"])
-        log(f"task {k + 1}/{n_tasks} done: Class-IL {[round(a, 2) for a in c_row[: k + 1]]}, "
-            f"Task-IL {[round(a, 2) for a in t_row[: k + 1]]}")
-        faults.point(f"train:after_task{k}")
-
-    summary = {
-        "class_il": {"matrix": rows["class_il"], "acc": metrics.acc(rows["class_il"]),
-                     "bwt": metrics.bwt(rows["class_il"]), "forgetting": metrics.forgetting(rows["class_il"])},
-        "task_il": {"matrix": rows["task_il"], "acc": metrics.acc(rows["task_il"]),
-                    "bwt": metrics.bwt(rows["task_il"]), "forgetting": metrics.forgetting(rows["task_il"])},
-        "settings": s,
-    }
+    # The accuracy matrices; their metrics (ACC, BWT, forgetting) are the evaluate stage's.
+    summary = {"class_il": {"matrix": rows["class_il"]}, "task_il": {"matrix": rows["task_il"]}, "settings": s}
     artifacts.write_text(out / "accuracy.json", json.dumps(summary, indent=1))
     if tracker is not None:
         tracker.log_artifact(out / "accuracy.json", "train")
-    log(f"trained {n_tasks - start} task(s) in {time.perf_counter() - t_all:.0f}s: "
-        f"Class-IL ACC {summary['class_il']['acc']:.2f} BWT {summary['class_il']['bwt']:.2f} | "
-        f"Task-IL ACC {summary['task_il']['acc']:.2f} BWT {summary['task_il']['bwt']:.2f}")
+    last_c, last_t = rows["class_il"][-1], rows["task_il"][-1]
+    log(f"trained {n_tasks - start} task(s) in {time.perf_counter() - t_all:.0f}s: final row mean (ACC) "
+        f"Class-IL {sum(last_c) / len(last_c):.2f} | Task-IL {sum(last_t) / len(last_t):.2f}")
     return summary

@@ -1,7 +1,8 @@
+import pytest
 import torch
 
 from pbr.data.augment import Augment, normalize
-from pbr.loop import evaluate, fit_task
+from pbr.loop import evaluate, fit_task, train_tasks
 from pbr.methods import METHODS, Context
 from pbr.models import Net
 
@@ -35,11 +36,7 @@ def _params(net):
 
 def _run_tasks(method, ctx, n_tasks=2, epochs=1):
     seen = [_task(t) for t in range(n_tasks)]
-    for t in range(n_tasks):
-        images, labels = method.task_data(t, seen)
-        method.begin_task(t, images, labels)
-        fit_task(method, images, labels, epochs, 8)
-        method.end_task(t, images, labels)
+    train_tasks(method, seen, [_task(t, n=4, seed=50) for t in range(n_tasks)], [epochs] * n_tasks, 8)
     return seen
 
 
@@ -113,6 +110,56 @@ def test_joint_trains_once_on_everything_at_the_last_task():
 def test_evaluate_masks_class_il_to_seen_classes_and_task_il_to_the_task():
     method, ctx = _setup("sgd")
     tests = [_task(t, n=16, seed=100) for t in range(2)]
-    c, t = evaluate(method.net, tests, ctx.task_classes, 1, ctx.preprocess, 5)
+    c, t = evaluate(method, tests, 1, 5)
     assert c[1] == 0.0  # no class of task 1 has been seen: Class-IL cannot be right
     assert 0 <= t[1] <= 100 and len(c) == len(t) == 2
+
+
+class _Fixed(METHODS["sgd"]):
+    """Predicts class 1 without the task identity and the task's last class with it."""
+
+    uses_task_identity = True
+
+    def predict(self, x, task=None):
+        scores = torch.zeros(x.shape[0], self.ctx.n_classes)
+        scores[:, 1 if task is None else int(self.ctx.task_classes[task][-1])] = 1.0
+        return scores
+
+
+def test_evaluation_goes_through_the_methods_own_prediction():
+    """Class-IL asks predict() without the task, Task-IL with it (when the method uses it)."""
+    method, ctx = _setup("sgd")
+    method = _Fixed(method.net, ctx, method.opts)
+    labels = torch.tensor([0, 1, 1, 1, 2, 3, 3, 2])  # task 0: classes 0, 1; task 1: classes 2, 3
+    images = torch.zeros(8, 3, 32, 32, dtype=torch.uint8)
+    tests = [(images[:4], labels[:4]), (images[4:], labels[4:])]
+    c, t = evaluate(method, tests, 2, 3)
+    assert c == [75.0, 0.0]  # three of task 0's four are class 1; task 1 has none
+    assert t == [75.0, 50.0]  # the last class of each task: 1 (three of four), 3 (two of four)
+
+
+class _Hooked(METHODS["sgd"]):
+    def penalty(self):
+        return sum((p ** 2).sum() for p in self.net.parameters()) * 0 + 5.0
+
+    def after_backward(self):
+        for p in self.net.parameters():
+            p.grad = None if p.grad is None else torch.zeros_like(p.grad)  # a projection onto {0}
+
+    def after_step(self):
+        self.steps = getattr(self, "steps", 0) + 1
+
+
+def test_step_hooks_penalty_gradient_change_and_after_step():
+    method, ctx = _setup("sgd")
+    method = _Hooked(method.net, ctx, method.opts)
+    images, labels = _task(0)
+    method.begin_task(0, images, labels)
+    before = _params(method.net)
+    plain, _ = _setup("sgd")
+    plain.begin_task(0, images, labels)
+    x = ctx.augment(images[:8], torch.Generator().manual_seed(3))
+    loss = method.observe(x, labels[:8], images[:8])
+    assert torch.equal(_params(method.net), before)  # zeroed gradients: SGD without momentum moves nothing
+    assert method.steps == 1
+    assert loss.item() == pytest.approx(plain.observe(x, labels[:8], images[:8]).item() + 5.0, rel=1e-5)

@@ -4,6 +4,7 @@
 here the stage's own behaviour is checked without paying process start-up per run."""
 
 import json
+from pathlib import Path
 import shutil
 
 import pytest
@@ -66,7 +67,7 @@ def test_every_method_trains_and_saves_each_task(workdir, prepared, name):
         assert (task / "model.pt").is_file() and (task / "state.pt").is_file()
         assert (task / "buffer.parquet").is_file() == (name not in ("sgd", "joint"))
         assert all(v == 0 for v in m[k][k + 1:])  # Class-IL on unseen classes is 0
-    assert 0 <= summary["class_il"]["acc"] <= 100 and 0 <= summary["task_il"]["acc"] <= 100
+    assert all(0 <= v <= 100 for scen in ("class_il", "task_il") for row in summary[scen]["matrix"] for v in row)
     if name in ("sgd", "joint"):
         return
     import pyarrow.parquet as pq
@@ -159,3 +160,44 @@ def test_prepared_data_of_another_task_count_is_a_one_line_error(workdir, prepar
     with pytest.raises(UserError, match=r"data/prepared holds 5 tasks but data.n_tasks = 2; run dvc repro prepare"):
         _train(_cfg(prepared / "raw", data={"n_tasks": 2}))
     assert not (workdir / "artifacts/train").exists()  # nothing written
+
+
+def test_a_saved_task_reloads_as_its_method_and_predicts_its_accuracy_row(workdir, prepared):
+    """model.pt rebuilds the method (the score stage's way in): evaluating the reloaded method gives
+    the row train recorded after that task."""
+    import torch
+
+    from pbr.data.shards import load_manifest
+    from pbr.loop import evaluate
+    from stages import train
+
+    summary, _ = _train(_cfg(prepared / "raw", method={"name": "pbr"}))
+    manifest = load_manifest(workdir / "data/prepared")
+    _, tests = train._load_tasks(manifest, torch.device("cpu"))
+    for k in (1, 4):
+        method, saved = train.load_method(workdir / f"artifacts/train/task_{k:02d}/model.pt", manifest,
+                                          torch.device("cpu"), torch.Generator().manual_seed(0))
+        assert type(method).__name__ == "PBR" and saved["task"] == k
+        c_row, t_row = evaluate(method, tests, k + 1, 256)
+        assert c_row == summary["class_il"]["matrix"][k] and t_row == summary["task_il"]["matrix"][k]
+
+
+def test_dvc_deps_of_train_are_what_the_resume_fingerprint_hashes(tmp_path):
+    """One list (stages/paths.py TRAIN_CODE): an edit to the report or the metrics keeps a
+    finished run; an edit to a method starts it over."""
+    import yaml
+
+    from stages import paths, train
+
+    root = Path(__file__).resolve().parents[1]
+    deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["train"]["deps"]
+    assert deps == ["data/prepared", *paths.TRAIN_CODE]
+    for d in ("pbr", "stages"):
+        shutil.copytree(root / d, tmp_path / d, ignore=shutil.ignore_patterns("__pycache__"))
+    before = train.code_hash(tmp_path)
+    assert before == train.code_hash(root)
+    for f in ("stages/report.py", "pbr/metrics.py", "stages/evaluate.py"):
+        (tmp_path / f).write_text((tmp_path / f).read_text() + "\n# an edit\n")
+    assert train.code_hash(tmp_path) == before
+    (tmp_path / "pbr/methods/er.py").write_text((tmp_path / "pbr/methods/er.py").read_text() + "\n# an edit\n")
+    assert train.code_hash(tmp_path) != before

@@ -40,12 +40,6 @@ class Stream:
     def n_tasks(self) -> int:
         return len(self.task_classes)
 
-    def task_of_class(self) -> np.ndarray:
-        out = np.empty(len(self.class_order), dtype=np.int64)
-        for t, cls in enumerate(self.task_classes):
-            out[cls] = t
-        return out
-
 
 def build_stream(
     train_labels: np.ndarray,

@@ -77,6 +77,9 @@ BETA = Setting("beta", float | Auto, "auto", "the method's second loss weight", 
 RESERVOIR = Setting("reservoir", Literal["every_epoch", "first_epoch"], "every_epoch",
                     "the online reservoir is offered every epoch's batches (Mammoth) or the task's first epoch's "
                     "only (each sample once, whatever the task's epochs)")
+TAU2 = Setting("tau2", float, 2.0, "temperature of the distillation", positive, "a positive number (2 in the paper)")
+WEIGHT_DECAY = Setting("weight_decay", float | Auto, "auto", "the SGD's weight decay", non_negative,
+                       "a number >= 0 or auto")
 MAMMOTH = "Mammoth utils/best_args.py @5bb9275"  # the DER paper's grid-searched best settings
 
 
@@ -95,7 +98,7 @@ class ContinualMethod:
     settings: ClassVar[tuple[Setting, ...]] = ()
     # "auto" resolves to the first `best` entry for the run's dataset and buffer size, else to
     # `defaults` (the paper's common protocol: plain SGD at lr 0.03, a linear head, no dropout).
-    defaults: ClassVar[dict[str, Any]] = {"lr": 0.03, "head": "linear", "dropout": 0.0}
+    defaults: ClassVar[dict[str, Any]] = {"lr": 0.03, "head": "linear", "dropout": 0.0, "weight_decay": 0.0}
     defaults_source: ClassVar[str] = "the paper's common protocol (lr 0.03 for every method)"
     best: ClassVar[tuple[Best, ...]] = ()
 
@@ -148,8 +151,10 @@ class ContinualMethod:
         if self.uses_buffer and self.buffer is None:
             self.buffer = Buffer(self.opts.buffer_size, tuple(images.shape[1:]), self.ctx.n_classes,
                                  self.ctx.device)
-        # Plain SGD as in the paper (no momentum, no weight decay), fresh for each task.
-        self.opt = torch.optim.SGD(self.net.parameters(), lr=self.opts.lr)
+        # Plain SGD as in the paper (no momentum; weight decay only where a method's published
+        # best has it), fresh for each task.
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=self.opts.lr,
+                                   weight_decay=getattr(self.opts, "weight_decay", 0.0))
 
     def begin_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -166,13 +171,54 @@ class ContinualMethod:
         """The data trained on during `task` (default: that task's own data)."""
         return seen[task]
 
-    # --- helpers shared by the methods ---------------------------------------------------------
+    # --- prediction: evaluation, scoring and the checkpoint go through the method ----------------
+    # Whether predict() is the network's own output (the score stage then reads the prediction off
+    # the MC pass instead of running the backbone again); False for e.g. a nearest-mean classifier.
+    predicts_with_net: ClassVar[bool] = True
+    # Whether predict() uses the task identity when given it (a column per task: PNN).
+    uses_task_identity: ClassVar[bool] = False
+
+    def predict(self, x: torch.Tensor, task: int | None = None) -> torch.Tensor:
+        """Class scores [B, n_classes] of normalised images: the prediction is their argmax over
+        the classes in play. `task` is the test task's identity where the scenario gives it
+        (Task-IL); None in Class-IL."""
+        return self.net(x)
+
+    def networks(self) -> list[torch.nn.Module]:
+        """Every network the method trains or predicts with (train/eval mode follows the loop)."""
+        return [self.net]
+
+    def model_state(self) -> dict[str, Any]:
+        """What the saved model holds: enough for predict() after load_model_state()."""
+        return {"state_dict": self.net.state_dict()}
+
+    def load_model_state(self, state: dict[str, Any]) -> None:
+        self.net.load_state_dict(state["state_dict"])
+
+    # --- the optimisation step and its hooks ---------------------------------------------------
+    def penalty(self) -> torch.Tensor | None:
+        """A term added to every step's loss (per-parameter penalties: EWC, SI)."""
+        return None
+
+    def after_backward(self) -> None:
+        """Between backward and the optimiser's step: the gradients may be changed here
+        (gradient projection: GEM, A-GEM)."""
+
+    def after_step(self) -> None:
+        """After the optimiser's step (SI's path integral)."""
+
     def step(self, loss: torch.Tensor) -> torch.Tensor:
+        extra = self.penalty()
+        if extra is not None:
+            loss = loss + extra
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
+        self.after_backward()
         self.opt.step()
+        self.after_step()
         return loss.detach()
 
+    # --- helpers shared by the methods ---------------------------------------------------------
     def replay(self, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """An augmented buffer batch: (x, labels, stored logits)."""
         idx = self.buffer.sample(n or self.ctx.replay_batch_size, self.ctx.generator)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from pbr.methods.base import ALPHA, BETA, ContinualMethod, Setting, positive
+from pbr.methods.base import ALPHA, BETA, TAU2, ContinualMethod, Setting, positive
 from pbr.selection import uncertainty_walk
 from pbr.uncertainty import score_images
 
@@ -35,7 +35,7 @@ class PBR(ContinualMethod):
         BETA,  # weight of the prototype constraint
         Setting("tau1", float, 1.0, "temperature of the CE (and of the MI, mi_logits)", positive,
                 "a positive number (0.1 in the paper; see docs/method.md)"),
-        Setting("tau2", float, 2.0, "temperature of the KL", positive, "a positive number (2 in the paper)"),
+        TAU2,  # temperature of the KL
         Setting("mc_samples", int, 20, "T, MC-dropout samples of the head", positive,
                 "a positive integer (T, MC-dropout samples)"),
         Setting("buffer_order", Literal["uncertain_first", "certain_first", "random", "uncertain_weighted"],
