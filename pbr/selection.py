@@ -1,6 +1,7 @@
 """Selection policies over the replay storage (pbr/buffer.py): Mammoth's online reservoir (ER,
-DER, DER++) and PBR's end-of-task uncertainty-guided walk (docs/method.md). Each decides which
-samples go to which slots and writes them through `Buffer.write`.
+DER, DER++), PBR's end-of-task uncertainty-guided walk (docs/method.md), equal per-task memories
+(FDR) and iCaRL's herding. Each decides which samples go to which slots and writes them through
+the storage's public `write` / `replace`.
 """
 
 from __future__ import annotations
@@ -139,3 +140,75 @@ def uncertainty_walk(
     accepted[src] = True
     return accepted
 
+
+
+def per_task_memory(
+    buffer: Buffer,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    task: int,
+    logits: torch.Tensor,
+    generator: torch.Generator,
+) -> None:
+    """Equal memories per task (FDR, as Mammoth's): after task t (0-based) every task keeps
+    capacity // (t + 1) samples; the old tasks keep their first ones, the new task gets that many
+    of its samples drawn at random (Mammoth: the first of its shuffled loader)."""
+    per = buffer.capacity // (task + 1)
+    n = buffer.size
+    old_tasks = buffer.tasks[:n]
+    # Each old sample's rank within its task, in slot order: kept when below `per`.
+    same = old_tasks.unsqueeze(0) == old_tasks.unsqueeze(1)
+    rank = torch.tril(same.long(), diagonal=-1).sum(1)
+    keep = torch.nonzero(rank < per).squeeze(1)
+    g = check_generator(generator, images.device)
+    new = torch.randperm(labels.shape[0], generator=g, device=images.device)[:per]
+    dev = buffer.device
+    buffer.replace(torch.cat([buffer.images[keep], images[new].to(dev)]),
+                   torch.cat([buffer.labels[keep], labels[new].to(dev)]),
+                   torch.cat([old_tasks[keep], torch.full((new.numel(),), task, dtype=torch.int64, device=dev)]),
+                   torch.cat([buffer.logits[keep], logits[new].to(dev, torch.float32)]))
+
+
+def herding(features: torch.Tensor, m: int) -> torch.Tensor:
+    """iCaRL's herding: the indices of m samples chosen one by one so that the mean of the chosen
+    features stays nearest the mean of all (Mammoth's rule: each step takes the sample minimising
+    ||mu - (S + f_i) / (k + 1)||, S the sum of the k chosen; a sample is chosen once)."""
+    mu = features.mean(0)
+    chosen: list[int] = []
+    total = torch.zeros_like(mu)
+    taken = torch.zeros(features.shape[0], dtype=torch.bool, device=features.device)
+    for k in range(min(m, features.shape[0])):
+        cost = (mu - (total + features) / (k + 1)).norm(dim=1)
+        cost[taken] = float("inf")
+        i = int(cost.argmin())
+        chosen.append(i)
+        taken[i] = True
+        total += features[i]
+    return torch.tensor(chosen, dtype=torch.int64, device=features.device)
+
+
+def class_herding_memory(
+    buffer: Buffer,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    features: torch.Tensor,
+    new_classes: torch.Tensor,
+    n_classes_seen: int,
+    task: int,
+) -> None:
+    """iCaRL's memory: capacity // n_classes_seen samples per class; each old class keeps its first
+    ones (its herding order), each new class gets its herding choice among `features`."""
+    per = buffer.capacity // n_classes_seen
+    n = buffer.size
+    old = buffer.labels[:n]
+    same = old.unsqueeze(0) == old.unsqueeze(1)
+    keep = torch.nonzero(torch.tril(same.long(), diagonal=-1).sum(1) < per).squeeze(1)
+    parts_x, parts_y = [buffer.images[keep]], [buffer.labels[keep]]
+    parts_t = [buffer.tasks[keep]]
+    for c in new_classes.tolist():
+        idx = torch.nonzero(labels == c).squeeze(1)
+        pick = idx[herding(features[idx], per)]
+        parts_x.append(images[pick].to(buffer.device))
+        parts_y.append(labels[pick].to(buffer.device))
+        parts_t.append(torch.full((pick.numel(),), task, dtype=torch.int64, device=buffer.device))
+    buffer.replace(torch.cat(parts_x), torch.cat(parts_y), torch.cat(parts_t))

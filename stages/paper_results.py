@@ -31,6 +31,20 @@ PAPER_RESULTS = {
     ("ordered", 0.01, "cifar10", "SGD", None): (19.62, 72.65),
     ("ordered", 0.01, "cifar100", "SGD", None): (6.27, 14.13),
     ("ordered", 0.01, "tinyimagenet", "SGD", None): (1.73, 10.81),
+    # Table 2, no buffer: regularisation, distillation and architecture methods. PNN has no
+    # Class-IL number ("-").
+    ("ordered", 0.01, "cifar10", "oEWC", None): (17.53, 62.26),
+    ("ordered", 0.01, "cifar100", "oEWC", None): (8.09, 18.23),
+    ("ordered", 0.01, "tinyimagenet", "oEWC", None): (0.40, 5.08),
+    ("ordered", 0.01, "cifar10", "SI", None): (16.95, 62.48),
+    ("ordered", 0.01, "cifar100", "SI", None): (7.85, 18.23),
+    ("ordered", 0.01, "tinyimagenet", "SI", None): (2.47, 8.07),
+    ("ordered", 0.01, "cifar10", "LwF", None): (16.70, 59.44),
+    ("ordered", 0.01, "cifar100", "LwF", None): (8.47, 14.80),
+    ("ordered", 0.01, "tinyimagenet", "LwF", None): (3.02, 9.10),
+    ("ordered", 0.01, "cifar10", "PNN", None): (None, 84.72),
+    ("ordered", 0.01, "cifar100", "PNN", None): (None, 48.89),
+    ("ordered", 0.01, "tinyimagenet", "PNN", None): (None, 15.61),
     # Table 2, JOINT-BL and SGD-BL: the balanced stream, i.e. IR 1.
     ("ordered", 1.0, "cifar10", "JOINT", None): (92.20, None),
     ("ordered", 1.0, "cifar100", "JOINT", None): (75.79, None),

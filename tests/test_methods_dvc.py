@@ -1,0 +1,52 @@
+"""Every registered method with its `auto` settings: `dvc exp run -S method.name=NAME` runs the whole
+pipeline and MLflow holds the run; the same training SIGKILLed between two tasks and run again ends
+with the bytes of the uninterrupted run (PBR's kills through `dvc repro`, inside a task too, are in
+test_faults_dvc)."""
+
+import json
+import subprocess
+
+import pytest
+
+from pbr.methods import METHODS
+from project import BIN, copy_project, env, set_params, tree_bytes
+
+pytestmark = pytest.mark.slow
+
+
+def _exp_run(repo, name):
+    return subprocess.run([str(BIN / "dvc"), "exp", "run", "-S", f"method.name={name}"], cwd=repo, env=env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+def _train(repo, kill_at=None):
+    e = {**env(), **({"PBR_KILL_AT": kill_at} if kill_at else {})}
+    return subprocess.run([str(BIN / "pbr"), "train"], cwd=repo, env=e, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("name", [n for n in METHODS if n != "pbr"])
+def test_method_runs_through_dvc_exp_run_and_resumes_after_sigkill(tmp_path, finished, name):
+    ref = copy_project(finished, tmp_path / "ref")
+    r = _exp_run(ref, name)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+    settings = json.loads((ref / "artifacts/train/run.json").read_text())["settings"]
+    assert settings["method"] == name and all(v != "auto" for v in settings.values())
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{ref / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("pbr").experiment_id],
+                              filter_string=f"params.`method.name` = '{name}'")
+    assert [x.info.status for x in runs] == ["FINISHED"]
+    assert runs[0].data.metrics["class_il.acc"] == pytest.approx(
+        json.loads((ref / "reports/metrics.json").read_text())["class_il"]["acc"], abs=1e-3)
+
+    repo = copy_project(finished, tmp_path / "repo")
+    set_params(repo, method__name=name)
+    r = _train(repo, kill_at="train:after_task2")
+    assert r.returncode == -9  # SIGKILL
+    assert sorted(p.name for p in (repo / "artifacts/train").glob("task_*")) == ["task_00", "task_01", "task_02"]
+    r = _train(repo)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "resuming after task 3 of 5" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    assert tree_bytes(repo / "artifacts/train") == tree_bytes(ref / "artifacts/train")

@@ -1,0 +1,78 @@
+"""iCaRL's herding and nearest-mean classifier, FDR's per-task memory and function distance."""
+
+import torch
+
+from pbr.buffer import Buffer
+from pbr.selection import herding, per_task_memory
+from test_methods import _params, _run_tasks, _setup, _task
+
+
+def test_herding_keeps_the_chosen_mean_nearest_the_class_mean():
+    """1-D features 0, 1, 2, 10 (mean 3.25): 2 first (|3.25 - 2| = 1.25), then 1 ((2 + 1) / 2 = 1.5
+    beats (2 + 0) / 2 = 1 and (2 + 10) / 2 = 6), then 10 ((3 + 10) / 3 = 4.33 beats 3 / 3 = 1)."""
+    f = torch.tensor([[0.0], [1.0], [2.0], [10.0]])
+    assert herding(f, 3).tolist() == [2, 1, 3]
+    assert herding(f, 9).tolist() == [2, 1, 3, 0]  # never more than the class has, each once
+
+
+def _images(ids):
+    return torch.tensor(ids, dtype=torch.uint8).view(-1, 1, 1, 1).expand(-1, 3, 2, 2).contiguous()
+
+
+def test_per_task_memory_splits_the_capacity_equally_and_keeps_each_old_tasks_first_samples():
+    buf = Buffer(6, (3, 2, 2), n_classes=4)
+    g = torch.Generator().manual_seed(0)
+    per_task_memory(buf, _images(range(10)), torch.zeros(10, dtype=torch.int64), 0, torch.zeros(10, 4), g)
+    first = buf.images[:6, 0, 0, 0].tolist()
+    assert len(buf) == 6 and len(set(first)) == 6
+    per_task_memory(buf, _images(range(100, 110)), torch.ones(10, dtype=torch.int64), 1, torch.ones(10, 4), g)
+    assert len(buf) == 6 and buf.tasks[:6].tolist() == [0, 0, 0, 1, 1, 1]
+    assert buf.images[:3, 0, 0, 0].tolist() == first[:3]  # task 0 keeps its first three
+    assert all(v >= 100 for v in buf.images[3:6, 0, 0, 0].tolist())
+    assert buf.logits[3:6].eq(1).all() and buf.logits[:3].eq(0).all()  # each sample keeps its own outputs
+
+
+def test_icarl_memory_is_class_balanced_and_its_nearest_mean_classifier_uses_it():
+    method, ctx = _setup("icarl", n_classes=4, n_tasks=2, buffer_size=8)
+    seen = _run_tasks(method, ctx, n_tasks=2)
+    labels = method.buffer.labels[: len(method.buffer)]
+    assert torch.bincount(labels, minlength=4).tolist() == [2, 2, 2, 2]  # 8 // 4 classes
+    # An exemplar is nearest its own class's mean when that class holds it alone.
+    n = len(method.buffer)
+    method.net.eval()
+    with torch.no_grad():
+        x = ctx.preprocess(method.buffer.images[:n])
+        feats = method.net.features(x)
+        method.class_means = torch.stack([feats[0], feats[2], feats[4], feats[6]])
+        scores = method.predict(x[[0, 2, 4, 6]])
+    assert scores.argmax(1).tolist() == [0, 1, 2, 3]
+    assert torch.allclose(scores.diagonal(), torch.zeros(4), atol=1e-4)  # distance 0 to its own mean
+    assert len(seen) == 2
+
+
+def test_icarl_trains_on_the_task_and_the_whole_memory():
+    method, ctx = _setup("icarl", n_classes=4, n_tasks=2, buffer_size=8)
+    seen = _run_tasks(method, ctx, n_tasks=1)
+    images, labels = method.task_data(1, seen + [_task(1)])
+    assert images.shape[0] == _task(1)[0].shape[0] + 8 and set(labels[-8:].tolist()) == {0, 1}
+
+
+def test_fdr_takes_a_second_step_on_the_memory_weighted_by_alpha():
+    """alpha 0: the memory step moves nothing, so the weights are plain SGD's."""
+    fdr, ctx = _setup("fdr", alpha=0.0, buffer_size=8)
+    _run_tasks(fdr, ctx, n_tasks=1)
+    sgd, _ = _setup("sgd", lr=fdr.opts.lr)
+    sgd.net.load_state_dict(fdr.net.state_dict())
+    images, labels = _task(1)
+    fdr.begin_task(1, images, labels)
+    sgd.begin_task(1, images, labels)
+    x = ctx.augment(images[:8], torch.Generator().manual_seed(1))
+    fdr.observe(x, labels[:8], images[:8])
+    sgd.observe(x, labels[:8], images[:8])
+    assert torch.allclose(_params(fdr.net), _params(sgd.net), atol=1e-6)
+    fdr.opts.alpha = 1.0
+    before = _params(fdr.net)
+    sgd.observe(x, labels[:8], images[:8])
+    fdr.observe(x, labels[:8], images[:8])
+    assert not torch.allclose(_params(fdr.net), _params(sgd.net), atol=1e-6)
+    assert not torch.equal(before, _params(fdr.net))
