@@ -161,8 +161,11 @@ class ContinualMethod:
 
     def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
         """One optimisation step on an augmented batch `x` (raw uint8 images in `raw`).
-        Returns the detached loss (no host sync)."""
-        raise NotImplementedError
+        Returns the detached loss (no host sync). The default: cross-entropy on the batch (plus
+        whatever penalty() adds), i.e. plain fine-tuning."""
+        out = self.net(x)
+        self.count(out, y)
+        return self.step(self.ce(out, y))
 
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
         """Called once the task's epochs are done, with the task's raw training images."""
@@ -206,6 +209,10 @@ class ContinualMethod:
 
     def after_step(self) -> None:
         """After the optimiser's step (SI's path integral)."""
+
+    def quadratic_penalty(self, importance: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor]) -> torch.Tensor:
+        """sum over parameters of importance * (theta - anchor)^2 (EWC's and SI's surrogate)."""
+        return sum((importance[n] * (p - anchor[n]) ** 2).sum() for n, p in self.net.named_parameters())
 
     def step(self, loss: torch.Tensor) -> torch.Tensor:
         extra = self.penalty()

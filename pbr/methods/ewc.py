@@ -40,16 +40,10 @@ class OnlineEWC(ContinualMethod):
         self.fisher: dict[str, torch.Tensor] | None = None
         self.anchor: dict[str, torch.Tensor] | None = None
 
-    def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
-        out = self.net(x)
-        self.count(out, y)
-        return self.step(self.ce(out, y))
-
     def penalty(self) -> torch.Tensor | None:
         if self.fisher is None:
             return None
-        return self.opts.e_lambda * sum((self.fisher[n] * (p - self.anchor[n]) ** 2).sum()
-                                        for n, p in self.net.named_parameters())
+        return self.opts.e_lambda * self.quadratic_penalty(self.fisher, self.anchor)
 
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
         fisher = empirical_fisher(self.net, self.ctx.augment(images, self.ctx.generator), labels, self.fisher_chunk)

@@ -1,6 +1,4 @@
-"""SGD: plain fine-tuning on each task in turn, the lower bound."""
-
-import torch
+"""SGD: plain fine-tuning on each task in turn (the interface's default step), the lower bound."""
 
 from pbr.methods.base import ContinualMethod
 
@@ -9,8 +7,3 @@ class SGD(ContinualMethod):
     name = "sgd"
     role = "bound"
     label = "SGD"
-
-    def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
-        out = self.net(x)
-        self.count(out, y)
-        return self.step(self.ce(out, y))

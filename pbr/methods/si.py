@@ -35,16 +35,10 @@ class SI(ContinualMethod):
         self.small_omega = {n: torch.zeros_like(p) for n, p in net.named_parameters()}
         self.big_omega: dict[str, torch.Tensor] | None = None
 
-    def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
-        out = self.net(x)
-        self.count(out, y)
-        return self.step(self.ce(out, y))
-
     def penalty(self) -> torch.Tensor | None:
         if self.big_omega is None:
             return None
-        return self.opts.c * sum((self.big_omega[n] * (p - self.anchor[n]) ** 2).sum()
-                                 for n, p in self.net.named_parameters())
+        return self.opts.c * self.quadratic_penalty(self.big_omega, self.anchor)
 
     def after_backward(self) -> None:
         torch.nn.utils.clip_grad_value_(self.net.parameters(), 1.0)
