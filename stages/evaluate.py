@@ -34,7 +34,9 @@ def _head_norms(model_path) -> list[float]:
     import torch
 
     state = torch.load(model_path, map_location="cpu", weights_only=False)["state_dict"]
-    return state["head.weight"].norm(dim=1).tolist()
+    # PNN has a classifier per column: the norms are the newest column's.
+    key = "head.weight" if "head.weight" in state else [k for k in state if k.split(".")[-2:] == ["classifier", "weight"]][-1]
+    return state[key].norm(dim=1).tolist()
 
 
 def _buffer_hist(path, n_classes: int) -> list[int]:

@@ -89,6 +89,9 @@ class Group:
     notes: list[str] = field(default_factory=list)
 
     def values(self, mode: str, metric: str) -> list[float]:
+        cls = _method(self.runs[0].params.get("method.name", "")) if self.runs else None
+        if mode == "class_il" and cls is not None and not cls.class_il:
+            return []  # no Class-IL prediction (PNN): "-" as in the paper
         key = f"{mode}.{metric}"
         return [r.metrics[key] for r in self.runs if key in r.metrics]
 

@@ -20,8 +20,12 @@ def _score(method, images, T, tau, batch_size, pre, gen, classes, dropout):
 
     from pbr.uncertainty import score_and_predict
 
-    mi, ent, pred = score_and_predict(method.net, images, T, tau, batch_size, pre, gen, classes, dropout)
-    if not method.predicts_with_net:
+    if not hasattr(method.net, "head"):  # no single head to sample (PNN's columns): no MC-dropout score
+        nan = torch.full((images.shape[0],), float("nan"), device=classes.device)
+        mi, ent, pred = nan, nan.clone(), None
+    else:
+        mi, ent, pred = score_and_predict(method.net, images, T, tau, batch_size, pre, gen, classes, dropout)
+    if pred is None or not method.predicts_with_net:
         with torch.inference_mode():
             device = classes.device
             scores = torch.cat([method.predict(pre(images[i:i + batch_size].to(device)))
@@ -100,8 +104,11 @@ def run(cfg, log=print, tracker=None) -> dict:
     out = paths.SCORE_REPORTS
     artifacts.write_csv(out / "by_class.csv", by_class)
     learned = train & data["correct_own"]
-    forgotten, kept = data["mi"][learned & data["forgotten"]], data["mi"][learned & ~data["forgotten"]]
-    edges = np.linspace(0, max(float(data["mi"][train].max()), 1e-6), 21)
+    # A method without an MC-dropout score (PNN) has NaN MI: its histograms are empty.
+    scored = ~np.isnan(data["mi"])
+    forgotten = data["mi"][learned & data["forgotten"] & scored]
+    kept = data["mi"][learned & ~data["forgotten"] & scored]
+    edges = np.linspace(0, max(float(data["mi"][train & scored].max()) if (train & scored).any() else 0.0, 1e-6), 21)
     hf = np.histogram(forgotten, edges)[0]
     hk = np.histogram(kept, edges)[0]
     artifacts.write_csv(out / "mi_forgotten_vs_kept.csv", [

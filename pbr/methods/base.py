@@ -178,8 +178,10 @@ class ContinualMethod:
     # Whether predict() is the network's own output (the score stage then reads the prediction off
     # the MC pass instead of running the backbone again); False for e.g. a nearest-mean classifier.
     predicts_with_net: ClassVar[bool] = True
-    # Whether predict() uses the task identity when given it (a column per task: PNN).
+    # Whether predict() uses the task identity when given it (a column per task: PNN), and whether
+    # it has a Class-IL prediction at all (PNN does not: the report prints "-").
     uses_task_identity: ClassVar[bool] = False
+    class_il: ClassVar[bool] = True
 
     def predict(self, x: torch.Tensor, task: int | None = None) -> torch.Tensor:
         """Class scores [B, n_classes] of normalised images: the prediction is their argmax over
