@@ -238,6 +238,13 @@ def test_paper_marks_another_number_of_tasks():
         in report.render_markdown(groups)
 
 
+def test_a_method_without_class_il_prints_a_dash_as_the_paper_does():
+    """PNN picks its column by the task: its Class-IL metric (the newest column's) is not a PNN result."""
+    p = {**BASE, "method.name": "pnn", "seed": "0"}
+    groups, _ = report.group_runs([RunRecord("a", p, {"class_il.acc": 19.0, "task_il.acc": 80.0})])
+    assert "| - | PNN | - | 80.00 ± 0.00 (n=1) [paper 84.72] |" in report.render_markdown(groups)
+
+
 def test_cli(env, tmp_path):
     e = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": env}
     r = subprocess.run([sys.executable, "-m", "stages.cli", "report"], cwd=tmp_path, env=e,

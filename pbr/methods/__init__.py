@@ -9,12 +9,13 @@ from pbr.methods.icarl import ICaRL
 from pbr.methods.joint import Joint
 from pbr.methods.lwf import LwF
 from pbr.methods.pbr import PBR
+from pbr.methods.pnn import PNN
 from pbr.methods.sgd import SGD
 from pbr.methods.si import SI
 
 # In the paper's table order (report rows follow it). Config validation, "auto" values, sweep grids
 # and report labels all read this registry.
-METHODS: dict[str, type[ContinualMethod]] = {m.name: m for m in (Joint, SGD, OnlineEWC, SI, LwF, ER, ICaRL, FDR, DER, DERpp, PBR)}
+METHODS: dict[str, type[ContinualMethod]] = {m.name: m for m in (Joint, SGD, OnlineEWC, SI, LwF, PNN, ER, ICaRL, FDR, DER, DERpp, PBR)}
 
 
 
