@@ -435,7 +435,9 @@ def _tuned_lr_notes(groups: list[Group]) -> list[str]:
         tuned = all(float(resolved(r.params)["train.lr"]) == lr for g in groups if g.method == label
                     for r in g.runs)
         if tuned:
-            notes.append(f"{label} ran at its tuned lr {lr:g} (Mammoth's best); the paper ran every method at "
+            _, source = cls.resolve("lr", "auto", first.get("data.dataset", "cifar10"),
+                                    int(first.get("method.buffer_size", "0") or 0))
+            notes.append(f"{label} ran at its tuned lr {lr:g} ({source}); the paper ran every method at "
                          f"lr {PAPER_LR:g} (row '{label} (lr {PAPER_LR:g})' where run)")
     return notes
 
