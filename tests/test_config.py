@@ -20,9 +20,9 @@ def test_project_params_are_the_papers_headline_configuration():
     from stages.train import settings
 
     s, sources = settings(cfg)
-    # The paper's lr, head, tau2 and s; tau1 = 1 and the walk's readings are the measured defaults
-    # (docs/method.md).
-    assert (s["lr"], s["head"], s["tau1"], s["tau2"], s["scale"]) == (0.03, "cosine", 1.0, 2.0, 10.0)
+    # The paper's head, tau2 and s; tau1 = 1, lr 0.1 and the walk's readings are the measured
+    # defaults (docs/method.md).
+    assert (s["lr"], s["head"], s["tau1"], s["tau2"], s["scale"]) == (0.1, "cosine", 1.0, 2.0, 10.0)
     assert (s["walk_candidate"], s["offset"], s["buffer_order"]) == ("hold", "task", "uncertain_weighted")
     assert cfg.model.width == 64
     # params.yaml spells out every key, so `dvc exp run -S` can set any of them.
