@@ -85,9 +85,11 @@ def report(
 @app.command()
 def sweep(
     name: str = typer.Argument(..., help="Grid: table2 (methods x buffers x datasets), table3 (shuffled, IRs), "
-                                         "table5 (ablation), fidelity (PBR's open readings against ER)."),
+                                         "table5 (ablation), fidelity (PBR's open readings against ER), families "
+                                         "(every method, balanced and long-tailed Seq-CIFAR-10)."),
     budget: str = typer.Option("full", "--budget", help="full: params.yaml as it is (50 epochs per task, width "
-                                                        "64); proxy: the validated cheap stand-in (docs/method.md)."),
+                                                        "64); proxy: the validated cheap stand-in (docs/method.md); quick: "
+                                                        "width 8, one epoch a task."),
     seeds: int = typer.Option(5, "--seeds", help="Run seeds 0..N-1 of every cell (the paper averages 5 runs)."),
     set_: list[str] = typer.Option([], "--set", "-S", help="key=value set on every run, e.g. -S train.epochs=5 "
                                                            "(repeatable)."),

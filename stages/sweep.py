@@ -132,8 +132,19 @@ def _get(d: dict, dotted: str) -> Any:
     return d if d != {} else None
 
 
+def families(base: dict | None = None) -> Iterator[dict[str, Any]]:
+    """Every registered method on Seq-CIFAR-10, ordered, balanced (IR 1) and long-tailed (IR 0.01),
+    buffer 200: the check that the families rank as in Mammoth's published balanced results
+    (rehearsal above regularisation, PNN near the top in Task-IL), and how the tail changes that."""
+    from pbr.methods import METHODS
+
+    for ir in (1.0, 0.01):
+        for cls in METHODS.values():
+            yield {**_task("ordered", "cifar10", ir), **_method(cls.name, 200 if cls.uses_buffer else None)}
+
+
 GRIDS: dict[str, Callable[[dict | None], Iterator[dict[str, Any]]]] = {
-    "table2": table2, "table3": table3, "table5": table5, "fidelity": fidelity}
+    "table2": table2, "table3": table3, "table5": table5, "fidelity": fidelity, "families": families}
 
 # Budgets: settings put on every run of a grid. "full" is params.yaml as it is (the paper's
 # protocol). "proxy" is the cheap stand-in for Seq-CIFAR-10-LT (5 tasks) that reproduces the
@@ -143,6 +154,8 @@ GRIDS: dict[str, Callable[[dict | None], Iterator[dict[str, Any]]]] = {
 BUDGETS: dict[str, dict[str, Any]] = {
     "full": {},
     "proxy": {"model.width": 8, "train.epochs": [4, 8, 16, 40, 80], "method.reservoir": "first_epoch"},
+    # A first look on a CPU: width 8, one epoch a task (minutes a run; no ranking validated).
+    "quick": {"model.width": 8, "train.epochs": 1},
 }
 
 

@@ -29,7 +29,14 @@ def _table2_rows_per_dataset():
     return 2 * bounds + plain + 2 * (rehearsal + 2)
 
 
-@pytest.mark.parametrize("grid,per_seed", [("table2", 3 * _table2_rows_per_dataset()), ("table3", 8), ("table5", 6)])
+def _n_methods():
+    from pbr.methods import METHODS
+
+    return len(METHODS)
+
+
+@pytest.mark.parametrize("grid,per_seed", [("table2", 3 * _table2_rows_per_dataset()), ("table3", 8), ("table5", 6),
+                                           ("families", 2 * _n_methods())])
 def test_grid_sizes_and_unique_names(grid, per_seed):
     runs = _plan(grid, seeds=5)
     assert len(runs) == 5 * per_seed
@@ -59,7 +66,7 @@ def test_only_and_set():
 
 
 @pytest.mark.parametrize("args,msg", [
-    (("table4", 1, {}, {}), "sweep 'table4' is not a grid; use one of table2 | table3 | table5 | fidelity"),
+    (("table4", 1, {}, {}), "sweep 'table4' is not a grid; use one of table2 | table3 | table5 | fidelity | families"),
     (("table3", 0, {}, {}), "--seeds 0"),
     (("table3", 1, {"method.buffer_size": -3}, {}), "sweep table3: params.yaml: method.buffer_size = -3"),
     (("table3", 1, {}, {"foo.bar": [1]}), "--only foo.bar: no such parameter"),
