@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import time
 from pathlib import Path
@@ -203,6 +204,10 @@ class _TaskRecorder:
 
     def epoch_done(self, task: int, e) -> None:
         self.progress.on_epoch(e)
+        if not math.isfinite(e.loss):
+            # The tasks finished before stay saved; going on would only write NaN models.
+            raise UserError(f"training diverged: the loss of task {task + 1} epoch {e.epoch + 1} is {e.loss}; "
+                            f"lower train.lr or the method's loss weights (method.* in params.yaml)")
         faults.point(f"train:task{task}:epoch{e.epoch}")
 
     def task_done(self, k: int, stats, c_row: list[float], t_row: list[float]) -> None:

@@ -203,3 +203,11 @@ def test_dvc_deps_of_train_are_what_the_resume_fingerprint_hashes(tmp_path):
     assert train.code_hash(tmp_path) == before
     (tmp_path / "pbr/methods/er.py").write_text((tmp_path / "pbr/methods/er.py").read_text() + "\n# an edit\n")
     assert train.code_hash(tmp_path) != before
+
+
+def test_a_diverged_training_stops_with_one_line_and_keeps_nothing_half_written(workdir, prepared):
+    from pbr.errors import UserError
+
+    with pytest.raises(UserError, match=r"training diverged: the loss of task 1 epoch 1 is (nan|inf); lower train.lr"):
+        _train(_cfg(prepared / "raw", method={"name": "sgd"}, train={"lr": 1e30}))
+    assert not list((workdir / "artifacts/train").glob("task_*"))
