@@ -245,6 +245,18 @@ def _dataset_header(dataset: str, n_tasks: int | None) -> str:
 
 # --------------------------------------------------------------------------- reading MLflow
 
+def pin_auto(params: dict[str, str], tags: dict[str, str]) -> dict[str, str]:
+    """The run's "auto" method settings replaced by the values it ran with (its `resolved.*` tags),
+    so that a run from before a default changed is not read with today's default."""
+    out = dict(params)
+    for key, value in params.items():
+        if value == "auto" and (key.startswith("method.") or key in ("train.lr", "model.head", "model.dropout")):
+            ran = tags.get(f"resolved.{key.split('.', 1)[1]}")
+            if ran is not None:
+                out[key] = ran
+    return out
+
+
 def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> list[RunRecord] | None:
     """Finished, complete runs of `experiment`. None when there is no store or no such experiment.
 
@@ -274,7 +286,8 @@ def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> lis
         msg = " ".join(str(e).split())[:160]
         raise UserError(f"MLflow store {tracking_uri} cannot be opened ({type(e).__name__}: {msg}); "
                         f"check --tracking-uri / MLFLOW_TRACKING_URI") from None
-    return [RunRecord(r.info.run_id, dict(r.data.params), dict(r.data.metrics), r.info.start_time or 0)
+    return [RunRecord(r.info.run_id, pin_auto(dict(r.data.params), dict(r.data.tags)), dict(r.data.metrics),
+                      r.info.start_time or 0)
             for r in found
             if r.info.status == "FINISHED" and r.data.tags.get(COMPLETE_TAG) == "true"]
 

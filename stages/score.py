@@ -13,9 +13,10 @@ from __future__ import annotations
 from stages import artifacts, paths, plots, threads
 
 
-def _score(method, images, T, tau, batch_size, pre, gen, classes, dropout):
-    """MC-dropout MI and entropy of the method's network, and the method's own prediction (Class-IL
-    over `classes`): read off the same pass when the method predicts with its network."""
+def _score(method, images, T, tau, batch_size, pre, gen, classes, dropout, task, task_classes):
+    """MC-dropout MI and entropy of the method's network, and the method's own prediction: Class-IL
+    over `classes`, read off the same pass when the method predicts with its network; a method that
+    uses the task identity (PNN) predicts with it, over the sample's task's classes."""
     import torch
 
     from pbr.uncertainty import score_and_predict
@@ -26,11 +27,13 @@ def _score(method, images, T, tau, batch_size, pre, gen, classes, dropout):
     else:
         mi, ent, pred = score_and_predict(method.net, images, T, tau, batch_size, pre, gen, classes, dropout)
     if pred is None or not method.predicts_with_net:
+        given = task if method.uses_task_identity else None
+        among = task_classes if method.uses_task_identity else classes
         with torch.inference_mode():
             device = classes.device
-            scores = torch.cat([method.predict(pre(images[i:i + batch_size].to(device)))
+            scores = torch.cat([method.predict(pre(images[i:i + batch_size].to(device)), task=given)
                                 for i in range(0, images.shape[0], batch_size)])
-            pred = classes[scores.index_select(1, classes).argmax(1)]
+            pred = among[scores.index_select(1, among).argmax(1)]
     return mi, ent, pred
 
 
@@ -73,8 +76,9 @@ def run(cfg, log=print, tracker=None) -> dict:
             s = read_split(paths.PREPARED, manifest, k, split)
             images = torch.from_numpy(s.images).permute(0, 3, 1, 2)
             labels = torch.from_numpy(s.labels).to(device)
-            mi, ent, pred = _score(own, images, T, tau, bs, pre, gen, seen, dropout)
-            mi_f, ent_f, pred_f = _score(final, images, T, tau, bs, pre, gen, all_classes, dropout)
+            own_classes = torch.tensor(manifest["task_classes"][k], device=device)
+            mi, ent, pred = _score(own, images, T, tau, bs, pre, gen, seen, dropout, k, own_classes)
+            mi_f, ent_f, pred_f = _score(final, images, T, tau, bs, pre, gen, all_classes, dropout, k, own_classes)
             n = len(s.labels)
             cols["split"] += [split] * n
             cols["index"].append(s.indices)

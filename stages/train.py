@@ -43,6 +43,9 @@ def settings(cfg: Config) -> tuple[dict, dict]:
                                 **{k: getattr(m, k) for k in cls.setting_keys()})
     head, sources["head"] = cls.resolve("head", mo.head, cfg.data.dataset, m.buffer_size)
     dropout, sources["dropout"] = cls.resolve("dropout", mo.dropout, cfg.data.dataset, m.buffer_size)
+    problem = cls.refuse({"head": head, "dropout": dropout, **vars(opts)})
+    if problem:
+        raise UserError(f"method.name = {m.name}: {problem}")
     return {
         "method": m.name, **vars(opts), "head": head, "dropout": dropout,
         "width": mo.width, "scale": mo.scale,
@@ -280,10 +283,11 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         state = torch.load(last / STATE, map_location=device, weights_only=False)
         method.load_model_state(torch.load(last / "model.pt", map_location=device, weights_only=False))
         method.load_state_dict(state["method"])
-        gen.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
+        # RNG states are CPU byte tensors whatever the device (map_location moved them).
+        gen.set_state(state["generator"].cpu())
+        torch.set_rng_state(state["torch_rng"].cpu())
         if state["cuda_rng"] is not None:
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+            torch.cuda.set_rng_state_all([r.cpu() for r in state["cuda_rng"]])
         history = json.loads(state["log"])
         rows, epochs_log = history["rows"], history["epochs"]
         log(f"resuming after task {start} of {n_tasks} (finished tasks are kept in {out})")

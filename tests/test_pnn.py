@@ -46,3 +46,16 @@ def test_task_il_asks_each_tasks_column():
             scores = method.predict(ctx.preprocess(images), task=t)[:, ctx.task_classes[t]]
         own = ctx.task_classes[t][scores.argmax(1)]
         assert t_row[t] == 100 * (own == labels).float().mean().item()
+
+
+def test_pnn_refuses_a_head_or_dropout_its_columns_do_not_have():
+    import pytest
+
+    from pbr.errors import UserError
+    from stages.config import from_dict
+    from stages.train import settings
+
+    with pytest.raises(UserError, match="method.name = pnn: its columns end in linear classifiers"):
+        settings(from_dict({"method": {"name": "pnn"}, "model": {"head": "cosine"}}))
+    s, _ = settings(from_dict({"method": {"name": "pnn"}}))
+    assert (s["head"], s["dropout"]) == ("linear", 0.0)

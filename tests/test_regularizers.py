@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pbr.methods.ewc import empirical_fisher
-from pbr.methods.lwf import sharpen
+from pbr.methods.lwf import sharpened_log_softmax
 from test_methods import _run_tasks, _setup, _task
 
 
@@ -78,7 +78,12 @@ def test_si_path_integral_and_importance_by_hand():
 
 def test_lwf_sharpens_the_old_classes_softmax_and_distils_it():
     """Mammoth's smooth(p, 2): sqrt(p) renormalised; [0.8, 0.2] -> [2/3, 1/3]."""
-    torch.testing.assert_close(sharpen(torch.tensor([[0.8, 0.2]]), 2.0), torch.tensor([[2 / 3, 1 / 3]]))
+    logits = torch.log(torch.tensor([[0.8, 0.2]])) + 3.0  # any shift: the softmax is [0.8, 0.2]
+    torch.testing.assert_close(sharpened_log_softmax(logits, 2.0).exp(), torch.tensor([[2 / 3, 1 / 3]]))
+    # Finite where a probability underflows (p ** 0.5 has an infinite slope at 0).
+    z = torch.tensor([[0.0, -200.0]], requires_grad=True)
+    sharpened_log_softmax(z, 2.0)[0, 0].backward()
+    assert torch.isfinite(z.grad).all()
     method, ctx = _setup("lwf", alpha=1.0, warmup_epochs=2)
     _run_tasks(method, ctx, n_tasks=1)
     assert method.teacher is None
@@ -95,11 +100,11 @@ def test_lwf_sharpens_the_old_classes_softmax_and_distils_it():
     method.net.eval()
     with torch.no_grad():
         torch.testing.assert_close(method.teacher(x), method.net(x))
-        p_old = sharpen(torch.softmax(method.teacher(x)[:, :2], 1), 2.0)
+        p_old = sharpened_log_softmax(method.teacher(x)[:, :2], 2.0).exp()
     method.net.train()
     with torch.no_grad():
         out = method.net(x)
-        p_new = sharpen(torch.softmax(out[:, :2], 1), 2.0)
+        p_new = sharpened_log_softmax(out[:, :2], 2.0).exp()
         ce = torch.nn.functional.cross_entropy(out[:, :4], labels[:8])  # over the 4 classes seen
     loss = method.observe(x, labels[:8], images[:8])
     assert loss.item() == pytest.approx(ce.item() - (p_old * p_new.log()).sum(1).mean().item(), rel=1e-4)

@@ -246,6 +246,15 @@ def test_a_method_without_class_il_prints_a_dash_as_the_paper_does():
     assert "| - | PNN | - | 80.00 ± 0.00 (n=1) [paper 84.72] |" in report.render_markdown(groups)
 
 
+def test_a_run_is_read_with_the_values_it_ran_with_not_todays_defaults():
+    """PBR's auto lr was 0.03 before it became 0.1: an old run's resolved tag keeps it apart."""
+    old = report.pin_auto({**BASE, "method.name": "pbr", "train.lr": "auto", "method.alpha": "auto"},
+                          {"resolved.lr": "0.03", "resolved.alpha": "1.0", "resolved.dropout": "0.1"})
+    new = {**BASE, "method.name": "pbr", "train.lr": "auto"}
+    assert report.method_label(old) == "PBR (lr 0.03)" and report.method_label(new) == "PBR"
+    assert old["method.alpha"] == "1.0" and "model.dropout" not in old  # only keys the run has
+
+
 def test_cli(env, tmp_path):
     e = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": env}
     r = subprocess.run([sys.executable, "-m", "stages.cli", "report"], cwd=tmp_path, env=e,

@@ -129,6 +129,11 @@ class ContinualMethod:
         raise KeyError(f"{cls.name} has no value for {key!r}")
 
     @classmethod
+    def refuse(cls, settings: dict[str, Any]) -> str | None:
+        """Why these resolved settings (head, dropout, lr, the declared keys) cannot run, or None."""
+        return None
+
+    @classmethod
     def setting_keys(cls) -> tuple[str, ...]:
         return tuple(s.key for s in cls.settings)
 

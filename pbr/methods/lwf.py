@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from pbr.methods.base import ALPHA, MAMMOTH, TAU2, WEIGHT_DECAY, Best, ContinualMethod, Setting, positive
 
 
-def sharpen(p: torch.Tensor, temperature: float) -> torch.Tensor:
-    """p ** (1 / temperature), renormalised over the classes (dim 1)."""
-    q = p ** (1.0 / temperature)
-    return q / q.sum(1, keepdim=True)
+def sharpened_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log of softmax(logits) ** (1 / temperature) renormalised over the classes (dim 1): Mammoth's
+    smooth(), taken in log space so that an underflowing probability has a finite gradient."""
+    return F.log_softmax(F.log_softmax(logits, 1) / temperature, 1)
 
 
 class LwF(ContinualMethod):
@@ -84,7 +84,7 @@ class LwF(ContinualMethod):
         if self.teacher is not None:
             old = torch.cat(self.ctx.task_classes[: self.task])
             with torch.no_grad():
-                p_old = sharpen(F.softmax(self.teacher(x).index_select(1, old), 1), self.opts.tau2)
-            p_new = sharpen(F.softmax(out.index_select(1, old), 1), self.opts.tau2)
-            loss = loss + self.opts.alpha * -(p_old * torch.log(p_new.clamp_min(1e-12))).sum(1).mean()
+                p_old = sharpened_log_softmax(self.teacher(x).index_select(1, old), self.opts.tau2).exp()
+            log_new = sharpened_log_softmax(out.index_select(1, old), self.opts.tau2)
+            loss = loss + self.opts.alpha * -(p_old * log_new).sum(1).mean()
         return self.step(loss)

@@ -146,7 +146,7 @@ class PBR(ContinualMethod):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.class_counts = state["class_counts"].clone()
+        self.class_counts = state["class_counts"].cpu().clone()  # kept on the host
         # A state saved before task counts were kept: rebuild them from the class counts.
         self.task_counts = list(state.get("task_counts") or [
             int(self.class_counts[c.cpu()].sum()) for c in self.ctx.task_classes[: self.task + 1]])

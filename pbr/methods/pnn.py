@@ -98,6 +98,13 @@ class PNN(ContinualMethod):
         Best("tinyimagenet", None, {"lr": 0.03}, f"{MAMMOTH} seq-tinyimg"),
     )
 
+    @classmethod
+    def refuse(cls, settings):
+        if settings["head"] != "linear" or settings["dropout"]:
+            return ("its columns end in linear classifiers without dropout; set model.head: auto (or linear) and "
+                    "model.dropout: auto (or 0)")
+        return None
+
     def __init__(self, net, ctx, opts) -> None:
         super().__init__(net, ctx, opts)
         self.width, self.n_classes = net.backbone.width, net.n_classes
@@ -114,7 +121,8 @@ class PNN(ContinualMethod):
     def _add_column(self) -> None:
         for c in self.net.columns:
             c.requires_grad_(False).eval()
-        g = torch.Generator().manual_seed(len(self.net.columns))  # column k's weights: seed k, also on resume
+        # Column k's weights from the run's seed and k: other seeds, other columns; the same on resume.
+        g = torch.Generator().manual_seed(self.ctx.generator.initial_seed() * 1009 + len(self.net.columns))
         col = Column(self.n_classes, self.width, len(self.net.columns))
         init_parameters(col, g)
         col.reset_alphas(g)
