@@ -18,6 +18,7 @@ from common import machine, rate, row
 from pbr.data.augment import Augment, normalize
 from pbr.methods import METHODS, Context, create
 from pbr.models import Net
+from pbr.selection import reservoir_add
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)
 
