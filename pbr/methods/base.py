@@ -99,7 +99,7 @@ class ContinualMethod:
     # "auto" resolves to the first `best` entry for the run's dataset and buffer size, else to
     # `defaults` (the paper's common protocol: plain SGD at lr 0.03, a linear head, no dropout).
     defaults: ClassVar[dict[str, Any]] = {"lr": 0.03, "head": "linear", "dropout": 0.0, "weight_decay": 0.0}
-    defaults_source: ClassVar[str] = "the paper's common protocol (lr 0.03 for every method)"
+    defaults_source: ClassVar[str] = "the paper's common protocol (SGD at lr 0.03, a linear head, no dropout)"
     best: ClassVar[tuple[Best, ...]] = ()
 
     def __init__(self, net: Net, ctx: Context, opts: Options) -> None:
