@@ -1,21 +1,26 @@
 """Continual methods: one file each, one registry line each."""
 
+from pbr.methods.agem import AGEM, AGEMR
 from pbr.methods.base import Best, ContinualMethod, Context, Options, Setting
+from pbr.methods.cbrs import CBRS
 from pbr.methods.der import DER, DERpp
 from pbr.methods.er import ER
 from pbr.methods.ewc import OnlineEWC
 from pbr.methods.fdr import FDR
+from pbr.methods.gem import GEM
 from pbr.methods.icarl import ICaRL
 from pbr.methods.joint import Joint
 from pbr.methods.lwf import LwF
 from pbr.methods.pbr import PBR
 from pbr.methods.pnn import PNN
+from pbr.methods.prs import PRS
 from pbr.methods.sgd import SGD
 from pbr.methods.si import SI
 
 # In the paper's table order (report rows follow it). Config validation, "auto" values, sweep grids
 # and report labels all read this registry.
-METHODS: dict[str, type[ContinualMethod]] = {m.name: m for m in (Joint, SGD, OnlineEWC, SI, LwF, PNN, ER, ICaRL, FDR, DER, DERpp, PBR)}
+METHODS: dict[str, type[ContinualMethod]] = {m.name: m for m in (Joint, SGD, OnlineEWC, SI, LwF, PNN, ER, GEM, AGEM, AGEMR, ICaRL, FDR, DER, DERpp,
+                                                               PRS, CBRS, PBR)}
 
 
 

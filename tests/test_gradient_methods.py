@@ -1,0 +1,91 @@
+"""GEM's QP projection, A-GEM's projection, and both methods' steps and memories."""
+
+import pytest
+import torch
+
+from pbr.methods.agem import agem_project
+from pbr.methods.gem import flat_grad, gem_project
+from test_methods import _params, _run_tasks, _setup, _task
+
+
+def test_gem_projection_on_hand_made_gradients():
+    # z_2 >= 0 is violated by g = (1, -2): the closest gradient obeying it is (1, 0).
+    z = gem_project(torch.tensor([1.0, -2.0]), torch.tensor([[0.0, 1.0]]), eps=0.0)
+    assert torch.allclose(z, torch.tensor([1.0, 0.0]), atol=1e-9)
+    # Both coordinates constrained, g in the opposite quadrant: the closest is the origin.
+    z = gem_project(torch.tensor([-1.0, -3.0]), torch.eye(2), eps=0.0)
+    assert torch.allclose(z, torch.zeros(2), atol=1e-9)
+    # One constraint met already (g . (1, 0) = 2 > 0), one violated: only the latter moves g.
+    z = gem_project(torch.tensor([2.0, -1.0]), torch.eye(2), eps=0.0)
+    assert torch.allclose(z, torch.tensor([2.0, 0.0]), atol=1e-9)
+
+
+def test_gem_projection_is_the_closest_gradient_meeting_every_constraint():
+    """Random 50-d gradient against 4 old tasks' gradients: the KKT conditions of
+    min ||z - g||^2 s.t. G z >= 0, i.e. z - g = G^T v with v >= 0, G z >= 0, v_i (G z)_i = 0."""
+    torch.manual_seed(0)
+    G = torch.randn(4, 50, dtype=torch.float64)
+    g = -G.sum(0) + 0.1 * torch.randn(50, dtype=torch.float64)  # against every old task
+    z = gem_project(g, G, margin=0.0, eps=1e-9)
+    Gz = G @ z
+    assert (Gz >= -1e-6).all()
+    v = torch.linalg.lstsq(G.T, z - g).solution
+    assert torch.allclose(G.T @ v, z - g, atol=1e-6)  # the change lies in the span of G's rows
+    assert (v >= -1e-6).all()
+    assert (v * Gz).abs().max() < 1e-5
+    assert ((z - g).norm() < (torch.zeros(50, dtype=torch.float64) - g).norm())  # closer than z = 0, also feasible
+
+
+def test_gem_margin_pushes_the_gradient_inside_the_cone():
+    G = torch.tensor([[0.0, 1.0]])
+    # g . e2 = -0.2: the exact projection adds v = 0.2 e2; the margin makes v at least 0.5.
+    z = gem_project(torch.tensor([1.0, -0.2]), G, margin=0.5, eps=0.0)
+    assert torch.allclose(z, torch.tensor([1.0, 0.3]), atol=1e-9)
+    # A larger violation needs more than the margin: v = 2, z = (1, 0) as with margin 0.
+    z = gem_project(torch.tensor([1.0, -2.0]), G, margin=0.5, eps=0.0)
+    assert torch.allclose(z, torch.tensor([1.0, 0.0]), atol=1e-9)
+
+
+def test_agem_projection_formula():
+    g, ref = torch.tensor([1.0, -2.0, 0.0]), torch.tensor([0.0, 2.0, 0.0])
+    # g . ref = -4 < 0: g - (-4 / 4) ref = (1, 0, 0), orthogonal to ref.
+    assert torch.allclose(agem_project(g, ref), torch.tensor([1.0, 0.0, 0.0]))
+    assert torch.equal(agem_project(torch.tensor([1.0, 2.0, 0.0]), ref), torch.tensor([1.0, 2.0, 0.0]))
+
+
+@pytest.mark.parametrize("name", ["gem", "agem"])
+def test_memory_holds_equal_shares_per_task(name):
+    method, ctx = _setup(name, n_classes=6, n_tasks=3, buffer_size=9)
+    _run_tasks(method, ctx, n_tasks=3)
+    assert torch.bincount(method.buffer.tasks[: len(method.buffer)]).tolist() == [3, 3, 3]
+
+
+def test_gem_step_never_raises_an_old_tasks_memory_loss_to_first_order():
+    """After task 0, each step's update lr * z (plain SGD) has z . g_old >= 0 for the old task's
+    memory gradient; where the new task's gradient pointed against it, the constraint is active."""
+    method, ctx = _setup("gem", n_classes=4, n_tasks=2, buffer_size=8, margin=0.0)
+    _run_tasks(method, ctx, n_tasks=1)
+    images, labels = _task(1)
+    method.begin_task(1, images, labels)
+    method.begin_epoch(0)
+    cosines = []
+    for i in range(0, 24, 8):
+        raw, y = images[i:i + 8], labels[i:i + 8]
+        before = _params(method.net)
+        method.observe(ctx.augment(raw, ctx.generator), y, raw)
+        step = before - _params(method.net)
+        cosines += (method.memory_grads @ step / (method.memory_grads.norm(dim=1) * step.norm())).tolist()
+    assert min(cosines) > -1e-4
+    assert min(abs(c) for c in cosines) < 1e-4  # a projected step lies on the constraint's boundary
+
+
+def test_agem_r_fills_its_reservoir_online_and_agem_at_task_end():
+    r, ctx = _setup("agem_r", buffer_size=8)
+    a, _ = _setup("agem", buffer_size=8)
+    for m in (r, a):
+        images, labels = _task(0)
+        m.begin_task(0, images, labels)
+        m.begin_epoch(0)
+        m.observe(ctx.augment(images[:8], ctx.generator), labels[:8], images[:8])
+    assert len(r.buffer) == 8 and len(a.buffer) == 0
+    assert flat_grad(r.params).abs().sum() > 0

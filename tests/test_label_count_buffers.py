@@ -1,0 +1,78 @@
+"""PRS and CBRS: the buffers that balance classes from the stream's label counts."""
+
+import random
+
+import pytest
+
+from test_methods import _run_tasks, _setup
+
+COUNTS = {0: 400, 1: 100, 2: 10, 3: 3}  # a long-tailed stream of known counts
+
+
+def _stream(name, seed, ordered=False, **opts):
+    method, _ = _setup(name, n_classes=4, n_tasks=2, buffer_size=40, **opts)
+    rng = random.Random(seed)
+    head = [c for c in (0, 1) for _ in range(COUNTS[c])]
+    tail = [c for c in (2, 3) for _ in range(COUNTS[c])]
+    if ordered:  # task 0 (classes 0, 1), then task 1 (classes 2, 3)
+        rng.shuffle(head)
+        rng.shuffle(tail)
+        stream = head + tail
+    else:
+        stream = head + tail
+        rng.shuffle(stream)
+    for label in stream:
+        method.place(label, [rng.random() for _ in range(method.uniforms)])
+    return method, [method.slots.count(c) for c in range(4)]
+
+
+@pytest.mark.parametrize("name,opts", [("cbrs", {}), ("prs", {"rho": 0.0})])
+@pytest.mark.parametrize("seed,ordered", [(0, False), (1, False), (2, True)])
+def test_balancing_buffers_reach_the_equal_partition(name, opts, seed, ordered):
+    """40 slots, 4 classes: the two small classes keep every sample (10 + 3), the two large ones
+    split the other 27 slots as equally as they can."""
+    _, stored = _stream(name, seed, ordered, **opts)
+    assert stored[2:] == [10, 3]
+    assert sorted(stored[:2]) == [13, 14]
+
+
+def test_prs_with_rho_one_partitions_as_the_stream():
+    """rho = 1: shares 400 / 513 ... of 40 slots = 31.2, 7.8, 0.8, 0.2."""
+    for seed in range(3):
+        _, stored = _stream("prs", seed, rho=1.0)
+        assert stored[0] >= 30 and 4 <= stored[1] <= 10 and stored[2] + stored[3] <= 2, stored
+
+
+def test_cbrs_full_class_replaces_its_own_with_probability_stored_over_seen():
+    method, _ = _setup("cbrs", n_classes=4, n_tasks=2, buffer_size=4)
+    for _ in range(4):
+        method.place(0, [0.0, 0.0, 0.0])
+    assert method.full == {0}  # the largest class of the full memory
+    method.seen[0] = 7  # the next class-0 sample is the 8th: kept with probability 4 / 8
+    assert method.place(0, [0.49, 0.9, 0.0]) == 3  # the slot at u = 0.9 of its 4
+    assert method.place(0, [0.51, 0.0, 0.0]) == 4  # 4 / 9 < 0.51: dropped (slot = capacity)
+    # A class that is not full takes a slot of the largest class, whatever the draw.
+    assert method.place(1, [0.99, 0.0, 0.0]) == 0 and method.slots == [1, 0, 0, 0]
+
+
+def test_prs_accepts_with_probability_target_over_seen():
+    method, _ = _setup("prs", n_classes=4, n_tasks=2, buffer_size=4, rho=0.0)
+    for label in (0, 0, 1, 1):
+        method.place(label, [0.0, 0.0, 0.0])
+    method.seen[0] = 10  # target 4 / 2 classes = 2 slots: accepted with probability 2 / 10
+    assert method.place(0, [0.21, 0.0, 0.0]) == 4
+    slot = method.place(0, [0.18, 0.0, 0.0])  # now 2 / 11 = 0.182
+    assert slot < 4 and method.slots[slot] == 0
+
+
+@pytest.mark.parametrize("name", ["prs", "cbrs"])
+def test_training_keeps_the_host_labels_and_the_buffer_in_step(name):
+    method, ctx = _setup(name, buffer_size=8)
+    _run_tasks(method, ctx)
+    assert method.slots == method.buffer.labels[: len(method.buffer)].tolist()
+    assert sum(method.seen) == method.buffer.seen == 48  # each sample offered once (one epoch)
+    state = method.state_dict()
+    again, _ = _setup(name, buffer_size=8)
+    again.load_state_dict(state)
+    assert again.slots == method.slots and again.seen == method.seen
+    assert getattr(again, "full", None) == getattr(method, "full", None)
