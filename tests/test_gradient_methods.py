@@ -89,3 +89,50 @@ def test_agem_r_fills_its_reservoir_online_and_agem_at_task_end():
         m.observe(ctx.augment(images[:8], ctx.generator), labels[:8], images[:8])
     assert len(r.buffer) == 8 and len(a.buffer) == 0
     assert flat_grad(r.params).abs().sum() > 0
+
+
+def test_gss_score_is_one_plus_the_largest_cosine():
+    from pbr.methods.gss import scores
+
+    new = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    stored = torch.tensor([[-1.0, 0.0], [-1.0, -1.0]])
+    # Sample 0: cosines -1 and -0.707; sample 1: 0 and -0.707.
+    assert torch.allclose(scores(new, stored), torch.tensor([1 - 0.5 ** 0.5, 1.0]), atol=1e-6)
+
+
+def test_gss_replacement_lottery_on_hand_made_scores():
+    method, _ = _setup("gss", buffer_size=2)
+    held = [1.5, 0.5]
+    assert method.place(held, 1.2, [0.0, 0.0]) == 2  # c >= 1: not stored
+    # r = 0.5 * 2.0 = 1.0 falls in slot 0's mass (1.5); kept as 0.4 < 1.5 / (1.5 + 0.2).
+    assert method.place(held, 0.2, [0.5, 0.4]) == 0 and held == [0.2, 0.5]
+    # r = 0.9 * 0.7 = 0.63 falls in slot 1's; 0.5 / (0.5 + 0.2) = 0.714 < 0.8: not stored.
+    assert method.place(held, 0.2, [0.9, 0.8]) == 2 and held == [0.2, 0.5]
+
+
+def test_gss_per_sample_gradients_match_one_backward_per_sample():
+    from pbr.methods.gss import per_sample_grads
+
+    method, ctx = _setup("gss")
+    net = method.net
+    x, y = ctx.preprocess(_task(0, n=5)[0]), _task(0, n=5)[1]
+    got = per_sample_grads(net, x, y, chunk=2)
+    net.eval()
+    for i in range(5):
+        net.zero_grad()
+        torch.nn.functional.cross_entropy(net(x[i:i + 1]), y[i:i + 1]).backward()
+        assert torch.allclose(got[i], flat_grad(list(net.parameters())), atol=1e-5)
+    assert net.training is False  # per_sample_grads restores the mode it found (eval here)
+
+
+def test_gss_rejects_copies_of_what_it_holds_once_full():
+    """A sample identical to the stored ones has cosine 1 with them, score 2 >= 1: never stored."""
+    method, ctx = _setup("gss", buffer_size=4)
+    images, labels = _task(0, n=4)
+    method.begin_task(0, images, labels)
+    method.begin_epoch(0)
+    method.offer(images, labels)  # fills the memory
+    assert len(method.buffer) == 4 and method.buffer.scores[:4].tolist() == pytest.approx([0.1] * 4)
+    before = method.buffer.images.clone()
+    method.offer(images, labels)
+    assert torch.equal(method.buffer.images, before) and method.buffer.seen == 8

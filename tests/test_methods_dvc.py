@@ -26,8 +26,9 @@ def _train(repo, kill_at=None):
 
 # Covered end to end elsewhere, or the same code path as a method here (CI's time is finite): PBR
 # (test_faults_dvc, kills inside a task too), SGD and JOINT (the interface's default step, as oEWC
-# and SI without their penalty), DER and DER++ (ER's reservoir and resume state, plus logits).
-ELSEWHERE = {"pbr", "sgd", "joint", "der", "derpp"}
+# and SI without their penalty), DER and DER++ (ER's reservoir and resume state, plus logits), A-GEM-R
+# (A-GEM's step over ER's reservoir).
+ELSEWHERE = {"pbr", "sgd", "joint", "der", "derpp", "agem_r"}
 
 
 @pytest.mark.parametrize("name", [n for n in METHODS if n not in ELSEWHERE])

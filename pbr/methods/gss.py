@@ -1,0 +1,104 @@
+"""GSS: gradient-based sample selection (Aljundi et al. 2019), the greedy variant, with ER's step.
+
+Each step is ER's (CE on the current batch and a memory batch). Then each incoming sample's
+gradient g (un-augmented, the network in eval mode, as Mammoth's `gss`) is compared with the
+gradients G_j of a random subset of `gss_subset` stored samples: its score is
+c = max_j cos(g, G_j) + 1, in [0, 2]; low when the sample's gradient points away from the stored
+ones. While the memory has room a sample is stored with its score. Once it is full, a sample with
+c < 1 draws a stored sample i with probability C_i / sum C and replaces it with probability
+C_i / (C_i + c) (it keeps its c as C_i); a sample with c >= 1 is not stored. So the memory drifts
+toward samples whose gradients are diverse. Per-sample gradients come from torch.func (vmap).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pbr.methods.base import MAMMOTH, RESERVOIR, Best, ContinualMethod, Setting, positive
+
+SUBSET = Setting("gss_subset", int, 32, "GSS: stored samples whose gradients a new sample is compared with",
+                 positive, "a positive integer")
+FIRST_SCORE = 0.1  # Mammoth's score of the samples stored while the memory is still empty
+
+
+def per_sample_grads(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 16) -> torch.Tensor:
+    """[B, P]: each sample's gradient of its own cross-entropy, the network in eval mode."""
+    from torch.func import functional_call, grad, vmap
+
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    buffers = dict(net.named_buffers())
+
+    def loss(p, xi, yi):
+        return F.cross_entropy(functional_call(net, (p, buffers), (xi.unsqueeze(0),)), yi.unsqueeze(0))
+
+    was_training = net.training
+    net.eval()
+    rows = []
+    for i in range(0, x.shape[0], chunk):
+        g = vmap(grad(loss), in_dims=(None, 0, 0))(params, x[i:i + chunk], y[i:i + chunk])
+        rows.append(torch.cat([g[k].reshape(g[k].shape[0], -1) for k in params], 1))
+    net.train(was_training)
+    return torch.cat(rows)
+
+
+def scores(new: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
+    """c_i = max_j cos(new_i, stored_j) + 1."""
+    return (F.normalize(new, dim=1) @ F.normalize(stored, dim=1).T).max(1).values + 1
+
+
+class GSS(ContinualMethod):
+    name = "gss"
+    label = "GSS"
+    uses_buffer = True
+    settings = (RESERVOIR, SUBSET)
+    best = (Best("cifar10", None, {"lr": 0.03}, f"{MAMMOTH} seq-cifar10 (buffer 200, 500, 5120)"),)
+
+    def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+        inputs, labels = x, y
+        if self.has_replay():
+            bx, by, _ = self.replay()
+            inputs, labels = torch.cat([x, bx]), torch.cat([y, by])
+        out = self.net(inputs)
+        self.count(out[: y.shape[0]], y)
+        loss = self.step(self.ce(out, labels))
+        if self.offers_to_reservoir():
+            self.offer(raw, y)
+        return loss
+
+    def offer(self, raw: torch.Tensor, y: torch.Tensor) -> None:
+        buf, g, b = self.buffer, self.ctx.generator, y.shape[0]
+        if len(buf) == 0:
+            c = [FIRST_SCORE] * b
+        else:
+            idx = buf.sample(self.opts.gss_subset, g)
+            images, labels, _, _ = buf.get(idx)
+            stored = per_sample_grads(self.net, self.ctx.preprocess(images), labels)
+            c = scores(per_sample_grads(self.net, self.ctx.preprocess(raw), y), stored).tolist()
+        u = torch.rand(b, 2, dtype=torch.float64, generator=g, device=self.ctx.device).tolist()
+        held = buf.scores[: len(buf)].tolist()
+        targets = [self.place(held, ci, ui) for ci, ui in zip(c, u)]
+        t = torch.tensor(targets, device=buf.device)
+        buf.write(t, raw, y, torch.full_like(y, self.task), scores=torch.tensor(c, device=buf.device))
+        # A write dropped (slot = capacity) must not change the kept scores: write() left them alone.
+        buf.seen += b
+        buf.size = len(held)
+
+    def place(self, held: list[float], c: float, u: list[float]) -> int:
+        """The slot for a sample of score c (capacity: not stored); `held` is the stored scores."""
+        cap = self.opts.buffer_size
+        if len(held) < cap:
+            held.append(c)
+            return len(held) - 1
+        if c >= 1:
+            return cap
+        r, acc, i = u[0] * sum(held), 0.0, cap - 1
+        for j, s in enumerate(held):
+            acc += s
+            if r < acc:
+                i = j
+                break
+        if u[1] < held[i] / (held[i] + c):
+            held[i] = c
+            return i
+        return cap
