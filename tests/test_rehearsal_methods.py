@@ -76,3 +76,69 @@ def test_fdr_takes_a_second_step_on_the_memory_weighted_by_alpha():
     fdr.observe(x, labels[:8], images[:8])
     assert not torch.allclose(_params(fdr.net), _params(sgd.net), atol=1e-6)
     assert not torch.equal(before, _params(fdr.net))
+
+
+def test_hal_ring_keeps_each_tasks_latest_samples():
+    """capacity 8 // 2 tasks = 4 slots a task, each holding its task's latest 4 samples, in order."""
+    method, ctx = _setup("hal", n_classes=4, n_tasks=2, buffer_size=8)
+    for t in (0, 1):
+        images, labels = _task(t)
+        method.begin_task(t, images, labels)
+        method.begin_epoch(0)
+        for i in range(0, 24, 8):  # 24 samples: the ring wraps after 4
+            method.observe(ctx.augment(images[i:i + 8], ctx.generator), labels[i:i + 8], images[i:i + 8])
+        if t == 0:
+            method.end_task(0, images, labels)
+        stored = sorted(map(tuple, method.buffer.images[4 * t:4 * t + 4].flatten(1)[:, :6].tolist()))
+        assert stored == sorted(map(tuple, images[20:24].flatten(1)[:, :6].tolist()))
+    assert len(method.buffer) == 8 and method.buffer.tasks[:8].tolist() == [0] * 4 + [1] * 4
+
+
+def test_hal_anchor_is_forgotten_by_the_memory_step_more_than_its_start():
+    import copy
+
+    import torch.nn.functional as F
+
+    from pbr.methods.hal import learn_anchor
+
+    method, ctx = _setup("hal", n_classes=4, n_tasks=2, buffer_size=8)
+    _run_tasks(method, ctx, n_tasks=1)
+    theta = method.net
+    spare = copy.deepcopy(theta)
+    with torch.no_grad():
+        for p in spare.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    start = torch.rand(3, 32, 32, generator=torch.Generator().manual_seed(4))
+    before = _params(theta)
+
+    def gap(e):  # what the anchor search raises: the fine-tuned model's loss minus the current one's
+        theta.eval()
+        spare.eval()
+        with torch.no_grad():
+            t = torch.tensor([1])
+            return (F.cross_entropy(spare(e[None]), t) - F.cross_entropy(theta(e[None]), t)).item()
+
+    anchor = learn_anchor(theta, spare, 1, None, 0.1, 0.1, start, steps=20)
+    assert gap(anchor) > gap(start) + 1e-3
+    assert torch.equal(before, _params(theta))  # the networks are left as they were
+
+
+def test_hal_with_lambda_zero_takes_ers_step_from_the_same_state():
+    """The temporary step is undone: with no drift term HAL's update is the plain CE step."""
+    import copy
+
+    hal, ctx = _setup("hal", n_classes=4, n_tasks=2, buffer_size=8, hal_lambda=0.0)
+    _run_tasks(hal, ctx, n_tasks=1)
+    images, labels = _task(1)
+    hal.begin_task(1, images, labels)
+    hal.begin_epoch(0)
+    ref = copy.deepcopy(hal.net)
+    x = ctx.augment(images[:8], torch.Generator().manual_seed(9))
+    state = ctx.generator.get_state()
+    bx, by, _ = hal.replay()  # the memory batch the step will draw
+    ctx.generator.set_state(state)
+    hal.observe(x, labels[:8], images[:8])
+    opt = torch.optim.SGD(ref.parameters(), lr=hal.opts.lr)
+    torch.nn.functional.cross_entropy(ref(torch.cat([x, bx])), torch.cat([labels[:8], by])).backward()
+    opt.step()
+    assert hal.anchors is not None and torch.allclose(_params(hal.net), _params(ref), atol=1e-6)

@@ -9,6 +9,7 @@ from pbr.methods.ewc import OnlineEWC
 from pbr.methods.fdr import FDR
 from pbr.methods.gem import GEM
 from pbr.methods.gss import GSS
+from pbr.methods.hal import HAL
 from pbr.methods.icarl import ICaRL
 from pbr.methods.joint import Joint
 from pbr.methods.lwf import LwF
@@ -21,7 +22,7 @@ from pbr.methods.si import SI
 # In the paper's table order (report rows follow it). Config validation, "auto" values, sweep grids
 # and report labels all read this registry.
 METHODS: dict[str, type[ContinualMethod]] = {m.name: m for m in (
-    Joint, SGD, OnlineEWC, SI, LwF, PNN, ER, GEM, AGEM, AGEMR, ICaRL, FDR, GSS, DER, DERpp, PRS, CBRS, PBR)}
+    Joint, SGD, OnlineEWC, SI, LwF, PNN, ER, GEM, AGEM, AGEMR, ICaRL, FDR, GSS, HAL, DER, DERpp, PRS, CBRS, PBR)}
 
 
 

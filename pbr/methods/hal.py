@@ -1,0 +1,151 @@
+"""HAL: hindsight anchor learning (Chaudhry et al. 2021), as Mammoth's `hal`.
+
+The memory is a ring per task: each task keeps its latest capacity // tasks stream samples. Each
+step first takes ER's step to a temporary theta~ (CE on the current and a memory batch), then goes
+back to theta and steps on CE + hal_lambda * mean ||f_theta(e) - f_theta~(e)||^2 over the anchors
+e, so the update keeps the anchors' outputs where the plain step would leave them. phi, a running
+mean (decay hal_beta) of the current batches' features, says where the task's data lies.
+
+At the end of a task one anchor per class of the task is learned in input space: starting from
+uniform noise, 100 SGD steps minimise  -CE(theta_m(e), c) + CE(theta(e), c)
++ hal_gamma * ||features_theta(e) - phi||^2,  theta_m the network after one step on a memory batch:
+an anchor is a point of class c that a step on the memory would forget most, kept near the data.
+The anchor search runs the networks in eval mode (Mammoth runs single images through train-mode
+BatchNorm).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from pbr.methods.base import MAMMOTH, Auto, Best, ContinualMethod, Setting, non_negative
+
+ANCHOR_STEPS = 100  # Mammoth's steps_on_anchors
+SETTINGS = (
+    Setting("hal_lambda", float | Auto, "auto", "HAL: weight of the anchors' output drift", non_negative,
+            "a number >= 0 or auto"),
+    Setting("hal_beta", float | Auto, "auto", "HAL: decay of the running mean feature phi", non_negative,
+            "a number >= 0 or auto"),
+    Setting("hal_gamma", float | Auto, "auto", "HAL: weight of the anchors' distance to phi", non_negative,
+            "a number >= 0 or auto"),
+)
+
+
+def learn_anchor(theta: torch.nn.Module, spare: torch.nn.Module, c: int, phi: torch.Tensor | None, gamma: float,
+                 lr: float, start: torch.Tensor, steps: int = ANCHOR_STEPS) -> torch.Tensor:
+    """An anchor of class c: `steps` SGD steps from `start` on -CE(spare(e), c) + CE(theta(e), c)
+    + gamma ||features_theta(e) - phi||^2, both networks in eval mode and left unchanged."""
+    modes = [theta.training, spare.training]
+    theta.eval()
+    spare.eval()
+    e = start.detach().clone().unsqueeze(0).requires_grad_(True)
+    opt = torch.optim.SGD([e], lr=lr)
+    target = torch.tensor([c], device=start.device)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = -F.cross_entropy(spare(e), target) + F.cross_entropy(theta(e), target)
+        if phi is not None:
+            loss = loss + gamma * ((theta.features(e) - phi) ** 2).sum()
+        (grad,) = torch.autograd.grad(loss, [e])
+        e.grad = grad
+        opt.step()
+    theta.train(modes[0])
+    spare.train(modes[1])
+    return e.detach()[0]
+
+
+class HAL(ContinualMethod):
+    name = "hal"
+    label = "HAL"
+    uses_buffer = True
+    settings = SETTINGS
+    defaults = {**ContinualMethod.defaults, "hal_lambda": 0.1, "hal_beta": 0.5, "hal_gamma": 0.1}
+    defaults_source = "Mammoth's hal defaults (lambda 0.1, beta 0.5, gamma 0.1); the paper's common protocol otherwise"
+    best = (
+        Best("cifar10", 200, {"lr": 0.03, "hal_lambda": 0.2, "hal_beta": 0.5, "hal_gamma": 0.1}, f"{MAMMOTH} seq-cifar10"),
+        Best("cifar10", 500, {"lr": 0.03, "hal_lambda": 0.1, "hal_beta": 0.3, "hal_gamma": 0.1}, f"{MAMMOTH} seq-cifar10"),
+        Best("cifar10", 5120, {"lr": 0.03, "hal_lambda": 0.1, "hal_beta": 0.5, "hal_gamma": 0.1}, f"{MAMMOTH} seq-cifar10"),
+    )
+
+    def __init__(self, net, ctx, opts) -> None:
+        super().__init__(net, ctx, opts)
+        self.anchors: torch.Tensor | None = None  # [classes so far, C, H, W], normalised input space
+        self.phi: torch.Tensor | None = None
+        self.ring_start = 0  # the first slot of the current task's ring
+        self.ring_seen = 0  # stream samples of the current task offered to its ring
+        self.task_of_ring = -1
+
+    def begin_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
+        super().begin_task(task, images, labels)
+        if task != self.task_of_ring:
+            self.ring_start, self.ring_seen, self.task_of_ring = len(self.buffer), 0, task
+
+    def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+        inputs, labels = x, y
+        if self.has_replay():
+            bx, by, _ = self.replay()
+            inputs, labels = torch.cat([x, bx]), torch.cat([y, by])
+        params = list(self.net.parameters())
+        if self.anchors is None:
+            out = self.net(inputs)
+            self.count(out[: y.shape[0]], y)
+            loss = self.step(self.ce(out, labels))
+        else:
+            theta = [p.detach().clone() for p in params]
+            out = self.net(inputs)
+            self.count(out[: y.shape[0]], y)
+            loss = self.ce(out, labels)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt.step()  # the temporary theta~
+            with torch.no_grad():
+                target = self.net(self.anchors)
+                for p, t in zip(params, theta):
+                    p.copy_(t)
+            drift = self.opts.hal_lambda * ((target - self.net(self.anchors)) ** 2).mean()
+            drift.backward()  # onto the CE gradient at theta, still in .grad
+            self.opt.step()
+            loss = loss.detach() + drift.detach()
+        with torch.no_grad():
+            mean = self.net.features(x).mean(0)
+            self.phi = mean if self.phi is None else self.opts.hal_beta * self.phi + (1 - self.opts.hal_beta) * mean
+        self.ring_add(raw, y)
+        return loss
+
+    def ring_add(self, raw: torch.Tensor, y: torch.Tensor) -> None:
+        per = self.opts.buffer_size // len(self.ctx.task_classes)
+        b = y.shape[0]
+        k = torch.arange(self.ring_seen, self.ring_seen + b, device=self.buffer.device)
+        self.buffer.write(self.ring_start + k % per, raw, y, torch.full_like(y, self.task))
+        self.ring_seen += b
+        self.buffer.seen += b
+        self.buffer.size = self.ring_start + min(self.ring_seen, per)
+
+    def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
+        was_training = self.net.training
+        spare = copy.deepcopy(self.net)
+        opt = torch.optim.SGD(spare.parameters(), lr=self.opts.lr)
+        bx, by, _ = self.replay()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(spare(bx), by).backward()
+        opt.step()
+        self.net.eval()
+        new = torch.stack([
+            learn_anchor(self.net, spare, c, self.phi, self.opts.hal_gamma, self.opts.lr,
+                         torch.rand(images.shape[1:], generator=self.ctx.generator, device=self.ctx.device))
+            for c in self.ctx.task_classes[task].tolist()])
+        self.net.train(was_training)
+        self.anchors = new if self.anchors is None else torch.cat([self.anchors, new])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "anchors": self.anchors, "phi": self.phi,
+                "ring": [self.ring_start, self.ring_seen, self.task_of_ring]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.anchors, self.phi = state["anchors"], state["phi"]
+        self.ring_start, self.ring_seen, self.task_of_ring = state["ring"]
