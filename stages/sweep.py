@@ -64,6 +64,16 @@ def table2(base: dict | None = None) -> Iterator[dict[str, Any]]:
                 yield {**_task("ordered", ds, 0.01), **_method("pbr", buffer, order)}
 
 
+def table1(base: dict | None = None) -> Iterator[dict[str, Any]]:
+    """Table 1: the long-tailed continual learning methods (role "ltcl": PODNet+) against PBR on
+    ordered Seq-CIFAR-100-LT, IR 0.01, buffer 500 (the paper's "Ours" there is its buffer-500 row)."""
+    from pbr.methods import METHODS
+
+    for cls in METHODS.values():
+        if cls.role in ("ltcl", "ours"):
+            yield {**_task("ordered", "cifar100", 0.01), **_method(cls.name, 500)}
+
+
 def table3(base: dict | None = None) -> Iterator[dict[str, Any]]:
     """Table 3: shuffled Seq-CIFAR-100-LT in 5 tasks, IR 0.01 / 0.02 / 0.05 / 0.1, buffer 200,
     DER++ against PBR."""
@@ -144,7 +154,7 @@ def families(base: dict | None = None) -> Iterator[dict[str, Any]]:
 
 
 GRIDS: dict[str, Callable[[dict | None], Iterator[dict[str, Any]]]] = {
-    "table2": table2, "table3": table3, "table5": table5, "fidelity": fidelity, "families": families}
+    "table1": table1, "table2": table2, "table3": table3, "table5": table5, "fidelity": fidelity, "families": families}
 
 # Budgets: settings put on every run of a grid. "full" is params.yaml as it is (the paper's
 # protocol). "proxy" is the cheap stand-in for Seq-CIFAR-10-LT (5 tasks) that reproduces the

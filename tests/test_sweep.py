@@ -35,7 +35,8 @@ def _n_methods():
     return len(METHODS)
 
 
-@pytest.mark.parametrize("grid,per_seed", [("table2", 3 * _table2_rows_per_dataset()), ("table3", 8), ("table5", 6),
+@pytest.mark.parametrize("grid,per_seed", [("table1", 2), ("table2", 3 * _table2_rows_per_dataset()), ("table3", 8),
+                                           ("table5", 6),
                                            ("families", 2 * _n_methods())])
 def test_grid_sizes_and_unique_names(grid, per_seed):
     runs = _plan(grid, seeds=5)
@@ -44,7 +45,7 @@ def test_grid_sizes_and_unique_names(grid, per_seed):
     assert sorted({r.overrides["seed"] for r in runs}) == [0, 1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("grid", ["table2", "table3", "table5"])
+@pytest.mark.parametrize("grid", ["table1", "table2", "table3", "table5"])
 def test_every_run_lands_on_a_row_of_the_papers_table(grid):
     """The report's key of each run is one the paper prints (Table 5's no-buffer cosine row aside;
     methods the paper never ran, the label-count buffers PRS and CBRS, have no row)."""
@@ -69,7 +70,7 @@ def test_only_and_set():
 
 
 @pytest.mark.parametrize("args,msg", [
-    (("table4", 1, {}, {}), "sweep 'table4' is not a grid; use one of table2 | table3 | table5 | fidelity | families"),
+    (("table4", 1, {}, {}), "sweep 'table4' is not a grid; use one of table1 | table2 | table3 | table5 | fidelity | families"),
     (("table3", 0, {}, {}), "--seeds 0"),
     (("table3", 1, {"method.buffer_size": -3}, {}), "sweep table3: params.yaml: method.buffer_size = -3"),
     (("table3", 1, {}, {"foo.bar": [1]}), "--only foo.bar: no such parameter"),

@@ -15,6 +15,7 @@ from pbr.methods.joint import Joint
 from pbr.methods.lwf import LwF
 from pbr.methods.pbr import PBR
 from pbr.methods.pnn import PNN
+from pbr.methods.podnet import PODNetPlus
 from pbr.methods.prs import PRS
 from pbr.methods.sgd import SGD
 from pbr.methods.si import SI
@@ -22,7 +23,7 @@ from pbr.methods.si import SI
 # In the paper's table order (report rows follow it). Config validation, "auto" values, sweep grids
 # and report labels all read this registry.
 METHODS: dict[str, type[ContinualMethod]] = {m.name: m for m in (
-    Joint, SGD, OnlineEWC, SI, LwF, PNN, ER, GEM, AGEM, AGEMR, ICaRL, FDR, GSS, HAL, DER, DERpp, PRS, CBRS, PBR)}
+    Joint, SGD, OnlineEWC, SI, LwF, PNN, ER, GEM, AGEM, AGEMR, ICaRL, FDR, GSS, HAL, DER, DERpp, PRS, CBRS, PODNetPlus, PBR)}
 
 
 
