@@ -166,7 +166,7 @@ class PODNetPlus(ContinualMethod):
         self.scales = weight_scaling(sims, labels, self.ctx.seen_classes(task), self.scales, self.lsc.eta.detach(),
                                      self.opts.nca_margin, self.opts.lws_epochs, self.opts.lr,
                                      self.ctx.replay_batch_size, self.ctx.generator)
-        self.teacher = copy.deepcopy(self.net).requires_grad_(False)
+        self.teacher = copy.deepcopy(self.net).requires_grad_(False).eval()  # BatchNorm on its running statistics
         self.net.train(was_training)
         self.lsc.train(was_training)
 
@@ -187,7 +187,7 @@ class PODNetPlus(ContinualMethod):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         if state["teacher"] is not None:
-            self.teacher = copy.deepcopy(self.net).requires_grad_(False)
+            self.teacher = copy.deepcopy(self.net).requires_grad_(False).eval()
             self.teacher.load_state_dict(state["teacher"])
 
 
