@@ -142,3 +142,12 @@ def test_hal_with_lambda_zero_takes_ers_step_from_the_same_state():
     torch.nn.functional.cross_entropy(ref(torch.cat([x, bx])), torch.cat([labels[:8], by])).backward()
     opt.step()
     assert hal.anchors is not None and torch.allclose(_params(hal.net), _params(ref), atol=1e-6)
+
+
+def test_hal_refuses_a_buffer_smaller_than_its_tasks_in_one_line():
+    import pytest
+
+    from pbr.errors import UserError
+
+    with pytest.raises(UserError, match=r"method.buffer_size = 1 leaves HAL's per-task ring empty"):
+        _setup("hal", n_classes=4, n_tasks=2, buffer_size=1)

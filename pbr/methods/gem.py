@@ -54,11 +54,13 @@ def gem_project(g: torch.Tensor, G: torch.Tensor, margin: float = 0.0, eps: floa
     import quadprog
 
     t = G.shape[0]
-    P = (G @ G.T).double().cpu().numpy()
-    P = 0.5 * (P + P.T) + eps * np.eye(t)
-    q = (G @ g).double().cpu().numpy()
-    v = quadprog.solve_qp(P, -q, np.eye(t), np.full(t, float(margin)))[0]
-    return g + G.T @ torch.from_numpy(v).to(G.device, G.dtype)
+    with torch.autocast(G.device.type, enabled=False):  # the step's bf16 autocast would round P
+        Gd, gd = G.double(), g.double()
+        P = (Gd @ Gd.T).cpu().numpy()
+        P = 0.5 * (P + P.T) + eps * np.eye(t)
+        q = (Gd @ gd).cpu().numpy()
+        v = quadprog.solve_qp(P, -q, np.eye(t), np.full(t, float(margin)))[0]
+        return (gd + Gd.T @ torch.from_numpy(v).to(G.device)).to(g.dtype)
 
 
 class GEM(ContinualMethod):
@@ -99,7 +101,9 @@ class GEM(ContinualMethod):
         if self.memory_grads is None:
             return
         g = flat_grad(self.params)
-        if bool((self.memory_grads @ g < 0).any()):
+        with torch.autocast(g.device.type, enabled=False):
+            violated = bool((self.memory_grads @ g < 0).any())
+        if violated:
             set_flat_grad(self.params, gem_project(g, self.memory_grads, self.opts.margin))
 
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:

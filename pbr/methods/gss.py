@@ -63,7 +63,8 @@ class GSS(ContinualMethod):
         self.count(out[: y.shape[0]], y)
         loss = self.step(self.ce(out, labels))
         if self.offers_to_reservoir():
-            self.offer(raw, y)
+            with torch.autocast(self.ctx.device.type, enabled=False):  # scores near 1 decide: no bf16
+                self.offer(raw, y)
         return loss
 
     def offer(self, raw: torch.Tensor, y: torch.Tensor) -> None:

@@ -4,7 +4,9 @@ The memory is a ring per task: each task keeps its latest capacity // tasks stre
 step first takes ER's step to a temporary theta~ (CE on the current and a memory batch), then goes
 back to theta and steps on CE + hal_lambda * mean ||f_theta(e) - f_theta~(e)||^2 over the anchors
 e, so the update keeps the anchors' outputs where the plain step would leave them. phi, a running
-mean (decay hal_beta) of the current batches' features, says where the task's data lies.
+mean (decay hal_beta, from zeros at each task's start) of the current batches' features, says
+where the task's data lies. Under bf16 autocast the drift runs in fp32: one step's change of the
+anchors' outputs is about bf16's rounding of them.
 
 At the end of a task one anchor per class of the task is learned in input space: starting from
 uniform noise, 100 SGD steps minimise  -CE(theta_m(e), c) + CE(theta(e), c)
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from pbr.errors import UserError
 from pbr.methods.base import MAMMOTH, Auto, Best, ContinualMethod, Setting, non_negative
 
 ANCHOR_STEPS = 100  # Mammoth's steps_on_anchors
@@ -73,6 +76,9 @@ class HAL(ContinualMethod):
 
     def __init__(self, net, ctx, opts) -> None:
         super().__init__(net, ctx, opts)
+        if opts.buffer_size < len(ctx.task_classes):
+            raise UserError(f"method.buffer_size = {opts.buffer_size} leaves HAL's per-task ring empty: use at least "
+                            f"one slot per task ({len(ctx.task_classes)})")
         self.anchors: torch.Tensor | None = None  # [classes so far, C, H, W], normalised input space
         self.phi: torch.Tensor | None = None
         self.ring_start = 0  # the first slot of the current task's ring
@@ -102,17 +108,19 @@ class HAL(ContinualMethod):
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             self.opt.step()  # the temporary theta~
-            with torch.no_grad():
-                target = self.net(self.anchors)
-                for p, t in zip(params, theta):
-                    p.copy_(t)
-            drift = self.opts.hal_lambda * ((target - self.net(self.anchors)) ** 2).mean()
+            with torch.autocast(x.device.type, enabled=False):
+                with torch.no_grad():
+                    target = self.net(self.anchors)
+                    for p, t in zip(params, theta):
+                        p.copy_(t)
+                drift = self.opts.hal_lambda * ((target - self.net(self.anchors)) ** 2).mean()
             drift.backward()  # onto the CE gradient at theta, still in .grad
             self.opt.step()
             loss = loss.detach() + drift.detach()
         with torch.no_grad():
-            mean = self.net.features(x).mean(0)
-            self.phi = mean if self.phi is None else self.opts.hal_beta * self.phi + (1 - self.opts.hal_beta) * mean
+            mean = self.net.features(x).mean(0).float()
+            phi = torch.zeros_like(mean) if self.phi is None else self.phi  # zeros at each task's start
+            self.phi = self.opts.hal_beta * phi + (1 - self.opts.hal_beta) * mean
         self.ring_add(raw, y)
         return loss
 
@@ -140,6 +148,7 @@ class HAL(ContinualMethod):
             for c in self.ctx.task_classes[task].tolist()])
         self.net.train(was_training)
         self.anchors = new if self.anchors is None else torch.cat([self.anchors, new])
+        self.phi = None  # the next task's mean feature starts again from zeros (Mammoth)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "anchors": self.anchors, "phi": self.phi,

@@ -17,6 +17,9 @@ Stage 2, after each task: the backbone and the proxies frozen, a learnable scale
 newest head's proxies there and augments the images; here only the scales move, on features
 computed once. Prediction: the scaled similarities (the CNN classifier, not nearest-mean).
 Training uses the paper's common protocol (plain SGD at the run's lr), not PODNet's schedule.
+Also unlike the authors' code: new classes' proxies start random (PODNet imprints them from k-means
+of the new classes' features), herding runs on unnormalised features (as this project's iCaRL), and
+each stage 2 starts from the previous task's scales.
 """
 
 from __future__ import annotations
