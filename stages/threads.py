@@ -2,8 +2,11 @@
 
 Two processes each running torch with every core's worth of OpenMP threads slow each other down
 badly: two queue workers training on this 2-core machine ran 20x slower with 2 threads each than
-with 1 (140 s against 7 s, see README). `auto` therefore divides the cores among the live DVC
-queue workers when the stage runs in a queue workspace; OMP_NUM_THREADS, when set, wins.
+with 1 (140 s against 7 s, see README). `auto` therefore divides the cores among the project's
+live training and scoring processes on the machine (`pbr train`, `pbr score`, however started:
+queue workers, two terminals, a `dvc exp run` beside a `dvc repro`), or among the live DVC queue
+workers when there are more of those. It is decided once, when the stage starts: a process
+started later does not change an earlier one's threads. OMP_NUM_THREADS, when set, wins.
 """
 
 from __future__ import annotations
@@ -28,6 +31,26 @@ def queue_workers(cwd: Path | None = None) -> int:
     return n
 
 
+COMPUTE_COMMANDS = {"train", "score"}
+
+
+def compute_pids(proc: Path = Path("/proc")) -> set[int]:
+    """Pids of the live `pbr train` / `pbr score` processes on this machine (empty without /proc)."""
+    pids: set[int] = set()
+    if not proc.is_dir():
+        return pids
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            args = [a.decode(errors="replace") for a in (d / "cmdline").read_bytes().split(b"\0") if a]
+        except OSError:  # gone, or not ours to read
+            continue
+        if any(os.path.basename(a) == "pbr" and b in COMPUTE_COMMANDS for a, b in zip(args, args[1:])):
+            pids.add(int(d.name))
+    return pids
+
+
 def resolve(setting: int | str) -> int:
     if setting != "auto":
         return int(setting)
@@ -35,7 +58,7 @@ def resolve(setting: int | str) -> int:
     if env.isdigit() and int(env) > 0:
         return int(env)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, queue_workers()))
+    return max(1, cores // max(1, queue_workers(), len(compute_pids())))
 
 
 def configure(setting: int | str) -> int:
