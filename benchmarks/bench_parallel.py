@@ -1,0 +1,99 @@
+"""How many training processes one device takes before it saturates: N processes each loop a real
+method step (width 64, batch 32 + 32 replay) over the same timed window; prints the images per
+second summed over the processes, and the ratio against one process measured in the same run.
+
+    python benchmarks/bench_parallel.py --device cuda --processes 1,4,8,16
+
+Use it to choose `pbr sweep ... --jobs J` on a GPU machine (README, Results: on one H200 the sum
+stopped growing at about 4 processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from common import row
+
+
+def child(a) -> None:
+    import torch
+
+    from pbr.data.augment import Augment, normalize
+    from pbr.methods import METHODS, Context, create
+    from pbr.models import Net
+    from pbr.selection import reservoir_add
+
+    mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)
+    torch.set_num_threads(1)
+    dev = torch.device(a.device)
+    g = torch.Generator(device=dev).manual_seed(0)
+    raw = torch.randint(0, 256, (a.batch * 64, 3, 32, 32), dtype=torch.uint8, device=dev)
+    labels = torch.randint(0, 2, (a.batch * 64,), device=dev)
+    aug = Augment(mean, std)
+    ctx = Context(10, [torch.arange(0, 2, device=dev), torch.arange(2, 4, device=dev)], dev,
+                  lambda x, gen: aug(x, gen), lambda x: normalize(x, mean, std), g, replay_batch_size=a.batch)
+    cls = METHODS[a.method]
+    net = Net(10, a.width, cls.defaults["head"], dropout=cls.defaults["dropout"]).to(dev)
+    m = create(a.method, net, ctx, buffer_size=200)
+    m.begin_task(0, raw, labels)
+    if cls.uses_buffer:
+        reservoir_add(m.buffer, raw[:200], labels[:200], torch.zeros_like(labels[:200]), generator=g)
+    m.end_task(0, raw[:256], labels[:256])
+    m.begin_task(1, raw, labels + 2)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    def step(s):
+        i = (s % 64) * a.batch
+        r = raw[i:i + a.batch]
+        m.observe(ctx.augment(r, g), labels[i:i + a.batch] + 2, r)
+
+    for s in range(20):
+        step(s)
+    sync()
+    while time.time() < a.start_at:
+        time.sleep(0.005)
+    t0, s = time.time(), 0
+    while time.time() < a.start_at + a.seconds:
+        step(s)
+        s += 1
+        if s % 8 == 0:
+            sync()
+    sync()
+    print(json.dumps({"img_s": s * a.batch / (time.time() - t0), "late": t0 > a.start_at + 0.5}), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--processes", default="1,4,8,16")
+    ap.add_argument("--method", default="er")
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--seconds", type=float, default=6)
+    ap.add_argument("--warmup", type=float, default=16, help="seconds each process gets to start and warm up")
+    ap.add_argument("--start-at", type=float, default=None, help=argparse.SUPPRESS)  # a child process
+    a = ap.parse_args()
+    if a.start_at is not None:
+        return child(a)
+    print(f"# {a.method} step, width {a.width}, batch {a.batch} (+{a.batch} replay), {a.device}, one thread a process")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    base = None
+    for n in (int(k) for k in a.processes.split(",")):
+        start = time.time() + a.warmup
+        cmd = [sys.executable, __file__, "--method", a.method, "--width", str(a.width), "--batch", str(a.batch),
+               "--device", a.device, "--seconds", str(a.seconds), "--start-at", str(start)]
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(n)]
+        rates = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+        total = sum(r["img_s"] for r in rates)
+        base = base or total
+        late = sum(r["late"] for r in rates)
+        print(row(f"{n} process(es), summed", total, base) + (f"  ({late} started late: raise --warmup)" if late else ""))
+
+
+if __name__ == "__main__":
+    main()
