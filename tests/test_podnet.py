@@ -20,9 +20,9 @@ def test_pod_spatial_on_hand_made_feature_maps():
 def test_nca_loss_hand_computation():
     sims = torch.tensor([[0.9, 0.1, 0.0]])
     # z = (0.9 - 0.6, 0.1, 0.0); -log(e^0.3 / (e^0.1 + e^0)) = log(e^0.1 + 1) - 0.3
-    loss = nca_loss(sims, torch.tensor([0]), torch.tensor(1.0), 0.6)
+    loss = nca_loss(sims, torch.tensor([0]), 1.0, 0.6)
     assert math.isclose(loss.item(), math.log(math.exp(0.1) + 1) - 0.3, rel_tol=1e-6)
-    assert nca_loss(torch.tensor([[0.9, -0.9, -0.9]]), torch.tensor([0]), torch.tensor(10.0), 0.1).item() == 0  # hinged
+    assert nca_loss(torch.tensor([[0.9, -0.9, -0.9]]), torch.tensor([0]), 10.0, 0.1).item() == 0  # hinged
 
 
 def test_weight_scaling_lifts_a_tail_class_that_the_head_class_swallows():
@@ -31,7 +31,7 @@ def test_weight_scaling_lifts_a_tail_class_that_the_head_class_swallows():
     sims = torch.cat([torch.tensor([[0.9, 0.1]]).repeat(60, 1), torch.tensor([[0.5, 0.4]]).repeat(4, 1)])
     labels = torch.tensor([0] * 60 + [1] * 4)
     g = torch.Generator().manual_seed(0)
-    w = weight_scaling(sims, labels, torch.tensor([0, 1]), torch.ones(3), torch.tensor(10.0), 0.0, 30, 0.5, 16, g)
+    w = weight_scaling(sims, labels, torch.tensor([0, 1]), torch.ones(3), 10.0, 30, 0.5, 16, g)
     assert w[2] == 1  # a class not yet seen keeps its scale
     assert w[1] > w[0]
     assert ((sims * w[:2]).argmax(1) == labels).all()
