@@ -179,6 +179,14 @@ class ContinualMethod:
         """The data trained on during `task` (default: that task's own data)."""
         return seen[task]
 
+    def with_memory(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A task's data and the whole memory after it (iCaRL's and PODNet's training set)."""
+        if self.buffer is None or len(self.buffer) == 0:
+            return images, labels
+        n = len(self.buffer)
+        return torch.cat([images, self.buffer.images[:n].to(images.device)]), \
+            torch.cat([labels, self.buffer.labels[:n].to(labels.device)])
+
     # --- prediction: evaluation, scoring and the checkpoint go through the method ----------------
     # Whether predict() is the network's own output (the score stage then reads the prediction off
     # the MC pass instead of running the backbone again); False for e.g. a nearest-mean classifier.

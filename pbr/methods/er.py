@@ -28,5 +28,10 @@ class ER(ContinualMethod):
         self.count(out[: y.shape[0]], y)
         loss = self.step(self.ce(out, labels))
         if self.offers_to_reservoir():
-            reservoir_add(self.buffer, raw, y, torch.full_like(y, self.task), generator=self.ctx.generator)
+            self.store(raw, y)
         return loss
+
+    def store(self, raw: torch.Tensor, y: torch.Tensor) -> None:
+        """Offer the batch's raw images to the memory (ER: Mammoth's online reservoir). Methods that
+        keep ER's step and change only what the memory keeps (GSS, PRS, CBRS) override this."""
+        reservoir_add(self.buffer, raw, y, torch.full_like(y, self.task), generator=self.ctx.generator)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pbr.methods.base import MAMMOTH, RESERVOIR, Best, ContinualMethod, Setting, positive
+from pbr.methods.base import MAMMOTH, RESERVOIR, Best, Setting, positive
+from pbr.methods.er import ER
 
 SUBSET = Setting("gss_subset", int, 32, "GSS: stored samples whose gradients a new sample is compared with",
                  positive, "a positive integer")
@@ -47,25 +48,16 @@ def scores(new: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
     return (F.normalize(new, dim=1) @ F.normalize(stored, dim=1).T).max(1).values + 1
 
 
-class GSS(ContinualMethod):
+class GSS(ER):
     name = "gss"
     label = "GSS"
     uses_buffer = True
     settings = (RESERVOIR, SUBSET)
     best = (Best("cifar10", None, {"lr": 0.03}, f"{MAMMOTH} seq-cifar10 (buffer 200, 500, 5120)"),)
 
-    def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
-        inputs, labels = x, y
-        if self.has_replay():
-            bx, by, _ = self.replay()
-            inputs, labels = torch.cat([x, bx]), torch.cat([y, by])
-        out = self.net(inputs)
-        self.count(out[: y.shape[0]], y)
-        loss = self.step(self.ce(out, labels))
-        if self.offers_to_reservoir():
-            with torch.autocast(self.ctx.device.type, enabled=False):  # scores near 1 decide: no bf16
-                self.offer(raw, y)
-        return loss
+    def store(self, raw: torch.Tensor, y: torch.Tensor) -> None:
+        with torch.autocast(self.ctx.device.type, enabled=False):  # scores near 1 decide: no bf16
+            self.offer(raw, y)
 
     def offer(self, raw: torch.Tensor, y: torch.Tensor) -> None:
         buf, g, b = self.buffer, self.ctx.generator, y.shape[0]

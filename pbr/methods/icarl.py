@@ -42,12 +42,7 @@ class ICaRL(ContinualMethod):
         self.class_means: torch.Tensor | None = None  # [n_classes, d]; NaN rows: no exemplars
 
     def task_data(self, task, seen):
-        images, labels = seen[task]
-        if self.buffer is None or len(self.buffer) == 0:
-            return images, labels
-        n = len(self.buffer)
-        return torch.cat([images, self.buffer.images[:n].to(images.device)]), \
-            torch.cat([labels, self.buffer.labels[:n].to(labels.device)])
+        return self.with_memory(*seen[task])
 
     def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
         seen = self.ctx.seen_classes(self.task)

@@ -12,13 +12,11 @@ from typing import Any
 
 import torch
 
-from pbr.methods.base import RESERVOIR, Best, ContinualMethod
+from pbr.methods.base import Best
 from pbr.methods.er import ER
 
 
-class LabelCountReplay(ContinualMethod):
-    uses_buffer = True
-    settings = (RESERVOIR,)
+class LabelCountReplay(ER):
     # The same replay step as ER, so its tuned lr: the memories differ, nothing else.
     best = tuple(Best(b.dataset, b.buffer_size, b.values, f"ER's ({b.source})") for b in ER.best)
     uniforms = 3  # draws per sample the policy reads
@@ -32,19 +30,7 @@ class LabelCountReplay(ContinualMethod):
         """The slot for a sample of `label` (capacity: not stored); updates seen and slots."""
         raise NotImplementedError
 
-    def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
-        inputs, labels = x, y
-        if self.has_replay():
-            bx, by, _ = self.replay()
-            inputs, labels = torch.cat([x, bx]), torch.cat([y, by])
-        out = self.net(inputs)
-        self.count(out[: y.shape[0]], y)
-        loss = self.step(self.ce(out, labels))
-        if self.offers_to_reservoir():
-            self.offer(raw, y)
-        return loss
-
-    def offer(self, raw: torch.Tensor, y: torch.Tensor) -> None:
+    def store(self, raw: torch.Tensor, y: torch.Tensor) -> None:
         u = torch.rand(y.shape[0], self.uniforms, dtype=torch.float64, generator=self.ctx.generator,
                        device=self.ctx.device).tolist()
         targets = [self.place(label, draws) for label, draws in zip(y.tolist(), u)]
