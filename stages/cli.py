@@ -95,6 +95,9 @@ def sweep(
                                                            "(repeatable)."),
     only: list[str] = typer.Option([], "--only", help="key=v1,v2: keep the runs with these values, e.g. --only "
                                                       "method.name=pbr, or a fidelity row: --only row=pbr,er-lr0.1 (repeatable)."),
+    shard_: str = typer.Option("", "--shard", help="K/N: queue only the K-th of N shards of the grid, balanced by "
+                                                    "expected cost (one per machine, or a SLURM array task: "
+                                                    "--shard $((SLURM_ARRAY_TASK_ID+1))/$SLURM_ARRAY_TASK_COUNT)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the dvc commands; queue nothing."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Start this many queue workers after queueing (0: don't)."),
     params: Path = ParamsOpt,
@@ -104,6 +107,13 @@ def sweep(
 
     runs = stage.plan(name, seeds, stage.parse_assignments(set_, "-S"),
                       stage.parse_assignments(only, "--only", many=True), params, budget)
+    if shard_:
+        k, n = stage.parse_shard(shard_)
+        total = sum(r.cost for r in runs)
+        count = len(runs)
+        runs = stage.shard(runs, k, n)
+        typer.echo(f"shard {k}/{n}: {len(runs)} of {count} runs, "
+                   f"{100 * sum(r.cost for r in runs) / total:.0f}% of the grid's expected cost", err=True)
     if dry_run:
         typer.echo("\n".join(r.command() for r in runs))
         typer.echo(f"{len(runs)} runs", err=True)

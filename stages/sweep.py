@@ -173,6 +173,7 @@ BUDGETS: dict[str, dict[str, Any]] = {
 class Run:
     name: str                 # the DVC experiment name
     overrides: dict[str, Any]  # dotted key -> value, as `-S key=value`
+    cost: float = 0.0          # expected cost, relative (expected_cost): what --shard balances
 
     def set_params(self) -> list[str]:
         return [f"{k}={_yaml(v)}" for k, v in self.overrides.items()]
@@ -255,11 +256,52 @@ def plan(grid: str, seeds: int, extra: dict[str, Any], only: dict[str, Any], par
             except ConfigError as e:
                 raise UserError(f"sweep {grid}: {e}") from None
             name = _name(grid, cell, seed, extra)
-            runs.append(Run(name if budget == "full" else f"{name}-{budget}", overrides))
+            runs.append(Run(name if budget == "full" else f"{name}-{budget}", overrides,
+                            expected_cost(from_dict(_merged(base, overrides)))))
     if not runs:
         wanted = " ".join(f"{k}={','.join(map(str, v))}" for k, v in filters.items())
         raise UserError(f"--only {wanted}: no run of {grid} matches; see `pbr sweep {grid} --dry-run`")
     return runs
+
+
+# The largest class of each training set, and its images' pixels relative to CIFAR's 32 x 32.
+N_MAX = {"cifar10": 5000, "cifar100": 500, "tinyimagenet": 500}
+PIXELS = {"cifar10": 1.0, "cifar100": 1.0, "tinyimagenet": 4.0}
+
+
+def expected_cost(cfg) -> float:
+    """A run's expected training cost in CIFAR-sized, width-64 image steps: the images each task
+    trains on times its epochs, times the pixels per image and the width squared (a conv's work),
+    doubled for a method that replays a memory batch beside every current batch."""
+    from pbr.data.longtail import class_counts
+    from pbr.methods import METHODS
+
+    counts = class_counts(N_MAX[cfg.data.dataset], cfg.n_classes, cfg.data.imbalance_ratio)
+    per_task = counts.reshape(cfg.data.n_tasks, -1).sum(axis=1)  # the ordered cut; a shuffled one is alike
+    images = sum(int(n) * cfg.epochs_of(k) for k, n in enumerate(per_task))
+    replay = 2.0 if METHODS[cfg.method.name].uses_buffer and cfg.method.buffer_size > 0 else 1.0
+    return images * PIXELS[cfg.data.dataset] * (cfg.model.width / 64) ** 2 * replay
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    k, sep, n = text.partition("/")
+    if sep and k.strip().isdigit() and n.strip().isdigit() and 1 <= int(k) <= int(n):
+        return int(k), int(n)
+    raise UserError(f"--shard {text}: write it as K/N with 1 <= K <= N, e.g. --shard 2/3 for the second of three")
+
+
+def shard(runs: list[Run], k: int, n: int) -> list[Run]:
+    """The K-th of N shards (1-based): the runs dealt, costliest first, each to the shard with the
+    least expected cost so far (ties: the lower shard). Every machine computing the same plan gets
+    the same split, and the N shards together are the plan, each run in exactly one."""
+    load = [0.0] * n
+    mine = set()
+    for r in sorted(runs, key=lambda r: (-r.cost, r.name)):
+        j = min(range(n), key=lambda i: (load[i], i))
+        load[j] += r.cost
+        if j == k - 1:
+            mine.add(r.name)
+    return [r for r in runs if r.name in mine]
 
 
 def _lookup(base: dict, overrides: dict[str, Any], key: str) -> Any:

@@ -82,6 +82,11 @@ def _creation_lock(uri: str) -> Iterator[None]:
         yield
 
 
+# MLflow 3 opens an experiment of no declared kind in its GenAI view (runs under "Evaluations");
+# this tag, which its UI reads, makes `mlflow ui` open on the training runs and their charts.
+KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
+
+
 def _client():
     import logging
 
@@ -102,11 +107,14 @@ def _client():
             if uri.startswith("sqlite:///"):
                 artifacts = (anchor() / "mlartifacts").as_uri()
             try:
-                exp_id = client.create_experiment(experiment_name(), artifact_location=artifacts)
+                exp_id = client.create_experiment(experiment_name(), artifact_location=artifacts,
+                                                  tags={KIND_TAG: KIND})
             except Exception:  # another process (a server's client) created it first
                 exp_id = client.get_experiment_by_name(experiment_name()).experiment_id
         else:
             exp_id = exp.experiment_id
+            if exp.tags.get(KIND_TAG) != KIND:  # a store made before the tag was set
+                client.set_experiment_tag(exp_id, KIND_TAG, KIND)
     return client, exp_id
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from pbr.errors import UserError
-from stages import artifacts, faults, paths, threads
+from stages import artifacts, faults, hardware, paths, threads
 from stages.config import Config
 
 STATE = "state.pt"
@@ -32,9 +32,10 @@ def resolve_device(name: str):
     return torch.device(name)
 
 
-def settings(cfg: Config) -> tuple[dict, dict]:
+def settings(cfg: Config, device=None) -> tuple[dict, dict]:
     """The run's effective settings with every "auto" resolved (the method's keys: those it
-    declares), and where each method value came from (params.yaml, a published best, a default)."""
+    declares; precision and memory layout: from `device`, by default train.device's), and where
+    each value came from (params.yaml, a published best, a default, the device)."""
     from pbr.methods import METHODS
 
     cls = METHODS[cfg.method.name]
@@ -46,13 +47,17 @@ def settings(cfg: Config) -> tuple[dict, dict]:
     problem = cls.refuse({"head": head, "dropout": dropout, **vars(opts)})
     if problem:
         raise UserError(f"method.name = {m.name}: {problem}")
+    precision, channels_last, why = hardware.resolve(t.precision, t.channels_last, mo.width,
+                                                     device or resolve_device(t.device))
+    if why:
+        sources["hardware"] = why
     return {
         "method": m.name, **vars(opts), "head": head, "dropout": dropout,
         "width": mo.width, "scale": mo.scale,
         "epochs": [cfg.epochs_of(k) for k in range(cfg.data.n_tasks)],
         "batch_size": t.batch_size, "replay_batch_size": t.replay_batch_size,
-        "eval_batch_size": t.eval_batch_size, "seed": cfg.seed, "precision": t.precision,
-        "channels_last": t.channels_last, "compile": t.compile,
+        "eval_batch_size": t.eval_batch_size, "seed": cfg.seed, "precision": precision,
+        "channels_last": channels_last, "compile": t.compile,
     }, sources
 
 
@@ -234,7 +239,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     manifest = load_manifest(paths.PREPARED)
     device = resolve_device(cfg.train.device)
     n_threads = threads.configure(cfg.train.threads)
-    s, sources = settings(cfg)
+    s, sources = settings(cfg, device)
     out = paths.TRAIN
     if manifest["n_tasks"] != cfg.data.n_tasks:
         raise UserError(f"{paths.PREPARED} holds {manifest['n_tasks']} tasks but data.n_tasks = {cfg.data.n_tasks}; "
@@ -248,6 +253,8 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         # torch 2.14's compiled CPU kernels crash the process (double free) at width 4.
         raise UserError(f"train.compile = true with model.width = {s['width']} crashes torch's compiled "
                         f"CPU kernels; use model.width >= 8 or train.compile: false")
+    if "hardware" in sources:
+        log(f"train.precision / train.channels_last auto on {device}: {sources['hardware']}")
     fp = fingerprint(s, manifest, device)
     run_file = out / "run.json"
     if run_file.is_file() and json.loads(run_file.read_text()).get("fingerprint") != fp:

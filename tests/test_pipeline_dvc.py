@@ -54,6 +54,8 @@ def test_pipeline_metrics_plots_and_mlflow_agree_and_report_compares_experiments
 
     # One MLflow run for the whole execution, holding params, tags, metrics and artifacts.
     c, exp = _client(repo)
+    # The kind MLflow 3's UI reads to open the experiment on its training runs, not its GenAI view.
+    assert c.get_experiment(exp).tags.get("mlflow.experimentKind") == "custom_model_development"
     runs = c.search_runs([exp])
     assert len(runs) == 1
     r = runs[0]

@@ -147,3 +147,38 @@ def test_proxy_settings_reach_params_yaml_as_dvc_writes_them(tmp_path):
     cfg = load_config(tmp_path / "params.yaml")
     assert cfg.train.epochs == (4, 8, 16, 40, 80) and cfg.model.width == 8
     assert (cfg.method.name, cfg.train.lr, cfg.method.reservoir) == ("er", 0.03, "first_epoch")
+
+
+def test_expected_cost_of_a_run_by_hand():
+    from stages.config import from_dict
+
+    # Seq-CIFAR-10-LT at IR 0.01 keeps floor(5000 * 0.01^(c/9)) images of class c:
+    # 5000 + 2997 + 1796 + 1077 + 645 + 387 + 232 + 139 + 83 + 50 = 12,406 a pass.
+    er = from_dict({"method": {"name": "er"}})
+    assert sweep.expected_cost(er) == 12406 * 50 * 2  # 50 epochs; a replay batch beside each batch
+    assert sweep.expected_cost(from_dict({"method": {"name": "sgd"}, "model": {"width": 32}})) == 12406 * 50 / 4
+    per_task = from_dict({"method": {"name": "sgd"}, "train": {"epochs": [1, 1, 1, 1, 2]}})
+    assert sweep.expected_cost(per_task) == 12406 + 50 + 83  # task 4 (classes 8, 9) twice
+    tiny = from_dict({"data": {"dataset": "tinyimagenet", "n_tasks": 10}, "method": {"name": "sgd"}})
+    cifar100 = from_dict({"data": {"dataset": "cifar100", "n_tasks": 10}, "method": {"name": "sgd"}})
+    assert sweep.expected_cost(tiny) > 4 * sweep.expected_cost(cifar100)  # 4x the pixels, twice the classes
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7])
+def test_shards_split_the_plan_into_parts_of_balanced_cost(n):
+    runs = _plan("table2", seeds=2)
+    parts = [sweep.shard(runs, k, n) for k in range(1, n + 1)]
+    names = [r.name for p in parts for r in p]
+    assert sorted(names) == sorted(r.name for r in runs)  # each run in exactly one shard
+    assert all(p == sweep.shard(runs, k, n) for k, p in enumerate(parts, 1))  # deterministic
+    # Dealing costliest first to the least loaded: no shard exceeds the mean by more than one run.
+    costs = [sum(r.cost for r in p) for p in parts]
+    assert max(costs) <= sum(costs) / n + max(r.cost for r in runs)
+    # TinyImageNet's costly runs are spread over the machines, not dealt to one of them.
+    assert all(any(r.overrides["data.dataset"] == "tinyimagenet" for r in p) for p in parts)
+
+
+@pytest.mark.parametrize("text", ["0/3", "4/3", "a/b", "2", "1/0"])
+def test_a_bad_shard_is_a_one_line_error(text):
+    with pytest.raises(UserError, match=rf"--shard {text}: write it as K/N"):
+        sweep.parse_shard(text)

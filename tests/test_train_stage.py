@@ -14,7 +14,7 @@ from pbr.methods import METHODS
 from stages.config import from_dict
 
 SMALL = {"data": {"download": False, "imbalance_ratio": 0.1}, "model": {"width": 4},
-         "train": {"epochs": 1, "device": "cpu", "eval_batch_size": 256}, "method": {"mc_samples": 4}}
+         "train": {"epochs": 1, "device": "cpu", "precision": "fp32", "eval_batch_size": 256}, "method": {"mc_samples": 4}}
 
 
 def _cfg(raw, **sections):
