@@ -250,7 +250,8 @@ def pin_auto(params: dict[str, str], tags: dict[str, str]) -> dict[str, str]:
     so that a run from before a default changed is not read with today's default."""
     out = dict(params)
     for key, value in params.items():
-        if value == "auto" and (key.startswith("method.") or key in ("train.lr", "model.head", "model.dropout")):
+        if value == "auto" and (key.startswith("method.") or key in ("train.lr", "train.precision", "train.channels_last",
+                                                                     "model.head", "model.dropout")):
             ran = tags.get(f"resolved.{key.split('.', 1)[1]}")
             if ran is not None:
                 out[key] = ran

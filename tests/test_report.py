@@ -267,3 +267,15 @@ def test_cli(env, tmp_path):
                        cwd=tmp_path, env=e, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("No finished pipeline runs") and "dvc repro" in r.stdout
     assert r.stderr == "" and not (tmp_path / "x.db").exists()
+
+
+def test_auto_precision_is_read_as_what_the_machine_chose():
+    """A bf16 run and an fp32 run of train.precision: auto are different settings; an fp32 run from
+    before auto (explicit fp32, channels_last False) is the same as an auto run that chose them."""
+    p = {**BASE, "method.name": "er", "seed": "0", "train.precision": "auto", "train.channels_last": "auto"}
+    bf16 = report.pin_auto(p, {"resolved.precision": "bf16", "resolved.channels_last": "True"})
+    fp32 = report.pin_auto(p, {"resolved.precision": "fp32", "resolved.channels_last": "False"})
+    old = {**p, "train.precision": "fp32", "train.channels_last": "False"}
+    assert bf16["train.precision"] == "bf16" and fp32["train.precision"] == "fp32"
+    assert report._signature(bf16) != report._signature(fp32)
+    assert report._signature(old) == report._signature(fp32)
