@@ -284,9 +284,9 @@ def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> lis
             if not token:
                 break
     except Exception as e:  # a store that cannot be opened fails in many ways
-        msg = " ".join(str(e).split())[:160]
-        raise UserError(f"MLflow store {tracking_uri} cannot be opened ({type(e).__name__}: {msg}); "
-                        f"check --tracking-uri / MLFLOW_TRACKING_URI") from None
+        from stages.tracking import store_error
+
+        raise UserError(store_error(tracking_uri, e, "check --tracking-uri / MLFLOW_TRACKING_URI")) from None
     return [RunRecord(r.info.run_id, pin_auto(dict(r.data.params), dict(r.data.tags)), dict(r.data.metrics),
                       r.info.start_time or 0)
             for r in found

@@ -82,6 +82,15 @@ def _creation_lock(uri: str) -> Iterator[None]:
         yield
 
 
+def store_error(uri: str, e: Exception, fix: str) -> str:
+    """One line for a store that cannot be opened; a server that refused us says what to set."""
+    msg = " ".join(str(e).split())[:160]
+    if "401" in msg or "unauthorized" in msg.lower() or "403" in msg or "permission" in msg.lower():
+        fix = ("the server refused these credentials: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
+               "to your account on it")
+    return f"MLflow store {uri} cannot be opened ({type(e).__name__}: {msg}); {fix}"
+
+
 # MLflow 3 opens an experiment of no declared kind in its GenAI view (runs under "Evaluations");
 # this tag, which its UI reads, makes `mlflow ui` open on the training runs and their charts.
 KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
@@ -100,8 +109,7 @@ def _client():
             client = MlflowClient(tracking_uri=uri)
             exp = client.get_experiment_by_name(experiment_name())
         except Exception as e:  # a store that cannot be opened fails in many ways
-            raise UserError(f"MLflow store {uri} cannot be opened ({type(e).__name__}: {str(e)[:160]}); "
-                            f"check MLFLOW_TRACKING_URI or remove a corrupt mlflow.db") from None
+            raise UserError(store_error(uri, e, "check MLFLOW_TRACKING_URI or remove a corrupt mlflow.db")) from None
         if exp is None:
             artifacts = None
             if uri.startswith("sqlite:///"):

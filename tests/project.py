@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -98,3 +99,55 @@ def finished_project(tmp: Path) -> Path:
     dvc(repo, "repro")
     commit(repo, "results")
     return repo
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_server(tmp: Path, *args: str, extra_env: dict | None = None):
+    """A real `mlflow server` on loopback (sqlite backend, proxied artifacts); yields its URI."""
+    import signal
+    import time
+    import urllib.error
+    import urllib.request
+
+    port = free_port()
+    server = subprocess.Popen(
+        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{tmp / 'server.db'}", "--artifacts-destination", str(tmp / "server-artifacts"),
+         *args], env={**env(), **(extra_env or {})}, stdout=subprocess.DEVNULL, stderr=open(tmp / "server.log", "w"),
+        start_new_session=True)
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{uri}/health", timeout=2)
+                break
+            except urllib.error.HTTPError:  # up, and asking for credentials
+                break
+            except OSError:
+                if time.time() > deadline or server.poll() is not None:
+                    raise AssertionError("mlflow server did not start:\n" + (tmp / "server.log").read_text()[-2000:])
+                time.sleep(0.5)
+        yield uri
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
+
+
+def queue_states(repo: Path) -> list[tuple[str, str]]:
+    """(name, status) of every task of the repository's DVC queue, from `dvc queue status`."""
+    rows = []
+    for line in dvc(repo, "queue", "status").stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[-1] in ("Queued", "Running", "Success", "Failed"):
+            rows.append((parts[1], parts[-1]))
+    return rows

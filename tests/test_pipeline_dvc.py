@@ -1,17 +1,12 @@
 """The whole pipeline through `dvc repro`, MLflow tracking, experiments and the report."""
 
 import json
-import os
-import signal
-import socket
 import subprocess
-import sys
-import time
 
 import pytest
 
 import fakedata
-from project import BIN, SMALL, copy_project, dvc, env, make_project, run
+from project import BIN, SMALL, copy_project, dvc, env, make_project, mlflow_server, run
 
 pytestmark = pytest.mark.slow
 
@@ -82,32 +77,8 @@ def test_pipeline_metrics_plots_and_mlflow_agree_and_report_compares_experiments
     assert (repo / "reports/report.csv").is_file()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_tracking_to_a_real_mlflow_server(tmp_path, raw):
-    port = _free_port()
-    server = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-         "--artifacts-destination", str(tmp_path / "server-artifacts")],
-        env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        uri = f"http://127.0.0.1:{port}"
-        import urllib.request
-
-        deadline = time.time() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"{uri}/health", timeout=2)
-                break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    raise AssertionError("mlflow server did not start")
-                time.sleep(0.5)
+    with mlflow_server(tmp_path) as uri:
         repo = make_project(tmp_path / "repo", data__root=str(raw), **SMALL)
         r = subprocess.run([str(BIN / "pbr"), "prepare"], cwd=repo, env={**env(), "MLFLOW_TRACKING_URI": uri},
                            capture_output=True, text=True)
@@ -119,9 +90,6 @@ def test_tracking_to_a_real_mlflow_server(tmp_path, raw):
         runs = c.search_runs([c.get_experiment_by_name("pbr").experiment_id])
         assert len(runs) == 1 and runs[0].data.tags["pbr.stage.prepare"] == "done"
         assert "prepare/class_counts.csv" in [a.path for a in c.list_artifacts(runs[0].info.run_id, "prepare")]
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
 
 
 def test_tracking_anchors_to_the_repository_from_a_queue_workspace(tmp_path, monkeypatch):

@@ -1,26 +1,15 @@
 """`pbr sweep` through the real DVC queue with two workers at once on one machine: no run lost, the
 MLflow sqlite store intact, and `pbr report` builds the table from the finished runs."""
 
-import subprocess
-import sys
 import time
 
 import pytest
 
 import fakedata
-from project import BIN, dvc, env, make_project, run
+from project import BIN, dvc, make_project, run
+from project import queue_states as _queue
 
 pytestmark = [pytest.mark.slow, pytest.mark.longest]
-
-
-def _queue(repo):
-    """(name, status) of every queued task, from `dvc queue status`."""
-    rows = []
-    for line in dvc(repo, "queue", "status").stdout.splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[-1] in ("Queued", "Running", "Success", "Failed"):
-            rows.append((parts[1], parts[-1]))
-    return rows
 
 
 def test_two_queue_workers_lose_no_run(tmp_path):

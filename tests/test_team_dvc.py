@@ -1,0 +1,121 @@
+"""A team's grid across machines, with real tools: two clones (two machines) each run their shard
+of a small grid through their own DVC queue, log to one MLflow server with authentication on
+loopback, and push to one bare git repository and one DVC remote; a third clone pulls, and
+`pbr report` shows every run exactly once, the re-queued duplicate included."""
+
+import subprocess
+import time
+
+import pytest
+
+import fakedata
+from project import BIN, commit, dvc, env, make_project, mlflow_server, queue_states, run
+
+pytestmark = [pytest.mark.slow, pytest.mark.longest]
+
+ADMIN_PASSWORD = "admin-password-of-the-test"
+USERS = {"alice": "alice-password", "bob": "bob-password"}
+SWEEP = ["sweep", "table3", "--seeds", "1", "--only", "data.imbalance_ratio=0.1"]  # DER++ and PBR
+
+
+def _auth_config(tmp):
+    ini = tmp / "basic_auth.ini"
+    # EDIT for every known user (a teammate logs runs into the experiment another created); no
+    # anonymous access at all.
+    ini.write_text("[mlflow]\ndefault_permission = EDIT\n"
+                   f"database_uri = sqlite:///{tmp / 'auth.db'}\nadmin_username = admin\n"
+                   "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    return ini
+
+
+def _as(user, uri):
+    e = {k: v for k, v in env().items() if k not in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
+    e["MLFLOW_TRACKING_URI"] = uri
+    if user:
+        e.update(MLFLOW_TRACKING_USERNAME=user, MLFLOW_TRACKING_PASSWORD=USERS.get(user, ADMIN_PASSWORD))
+    return e
+
+
+def _pbr(repo, uri, user, *args):
+    r = subprocess.run([str(BIN / "pbr"), *args], cwd=repo, env=_as(user, uri), capture_output=True, text=True,
+                       timeout=600)
+    return r
+
+
+def _finish_queue(repo, n):
+    deadline = time.time() + 900
+    while time.time() < deadline:
+        states = queue_states(repo)
+        if len(states) == n and all(s in ("Success", "Failed") for _, s in states):
+            assert all(s == "Success" for _, s in states), states
+            return {name for name, _ in states}
+        time.sleep(3)
+    raise AssertionError(f"the queue did not finish: {queue_states(repo)}")
+
+
+def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, monkeypatch):
+    raw = tmp_path / "raw"
+    fakedata.write_cifar(raw, 100, 20, 2)
+    extra = {"MLFLOW_AUTH_CONFIG_PATH": str(_auth_config(tmp_path)), "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PASSWORD,
+             "MLFLOW_FLASK_SERVER_SECRET_KEY": "secret-key-of-the-test"}
+    with mlflow_server(tmp_path, "--app-name", "basic-auth", extra_env=extra) as uri:
+        from mlflow.server import get_app_client
+
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
+        admin = get_app_client("basic-auth", tracking_uri=uri)
+        for user, password in USERS.items():
+            admin.create_user(user, password)
+
+        origin, store = tmp_path / "origin.git", tmp_path / "dvc-store"
+        run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], tmp_path)
+        a = make_project(tmp_path / "alice", data__root=str(raw), data__download=False, data__dataset="cifar100",
+                         model__width=4, train__epochs=1, train__device="cpu", train__precision="fp32",
+                         train__eval_batch_size=256, method__mc_samples=4)
+        dvc(a, "remote", "add", "-d", "team", str(store))
+        commit(a, "team remote")
+        run(["git", "remote", "add", "origin", str(origin)], a)
+        run(["git", "push", "-q", "origin", "main"], a)
+        b = tmp_path / "bob"
+        run(["git", "clone", "-q", str(origin), str(b)], tmp_path)
+
+        # Each machine its shard; bob's machine also re-runs one of alice's runs (a re-queued job).
+        for repo, user, shard in ((a, "alice", "1/2"), (b, "bob", "2/2")):
+            r = _pbr(repo, uri, user, *SWEEP, "--shard", shard, "--jobs", "1")
+            assert r.returncode == 0, r.stderr
+            assert f"shard {shard}: 1 of 2 runs" in r.stderr
+        names_a, names_b = _finish_queue(a, 1), _finish_queue(b, 1)
+        assert not names_a & names_b
+        r = _pbr(b, uri, "bob", *SWEEP, "--shard", "1/2", "--jobs", "1")
+        assert r.returncode == 0, r.stderr
+        again = _finish_queue(b, 2) - names_b
+        assert len(again) == 1 and again <= names_a
+
+        dvc(a, "exp", "push", "origin", *sorted(names_a))
+        dvc(b, "exp", "push", "origin", *sorted(names_b))  # the duplicate stays where it ran
+
+        c = tmp_path / "carol"
+        run(["git", "clone", "-q", str(origin), str(c)], tmp_path)
+        listed = set(dvc(c, "exp", "ls", "--name-only", "origin").stdout.split())
+        assert listed == names_a | names_b
+        dvc(c, "exp", "pull", "origin", *sorted(listed))
+        assert set(dvc(c, "exp", "ls", "--name-only").stdout.split()) == listed
+
+        rep = _pbr(c, uri, "alice", "report")
+        assert rep.returncode == 0, rep.stderr
+        # DER++ and PBR, one seed each (two columns a row): the duplicate is one run, not two.
+        assert rep.stdout.count("(n=1)") == 4 and "(n=2)" not in rep.stdout, rep.stdout
+        assert "1 older run(s) repeating a seed with the same settings left out" in rep.stdout
+        from mlflow import MlflowClient
+
+        runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("pbr").experiment_id])
+        assert len(runs) == 3 and {x.data.tags["dvc.exp_name"] for x in runs} == listed
+
+        # Nobody without credentials gets in, nor with a wrong password.
+        for who in (None, "mallory"):
+            r = _pbr(c, uri, who, "report")
+            assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+            assert r.stderr.count("\n") == 1 and "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in r.stderr
+        r = _pbr(c, uri, None, "prepare")  # a stage too, before it writes anything
+        assert r.returncode == 2 and "set MLFLOW_TRACKING_USERNAME" in r.stderr, r.stderr
+        assert not (c / "data/prepared").exists()
