@@ -4,18 +4,16 @@ loopback, and push to one bare git repository and one DVC remote; a third clone 
 `pbr report` shows every run exactly once, the re-queued duplicate included."""
 
 import subprocess
-import time
 
 import pytest
 
 import fakedata
-from project import BIN, commit, dvc, env, make_project, mlflow_server, queue_states, run
+from project import BIN, ROOT, commit, dvc, env, make_project, mlflow_server, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.longest]
 
 ADMIN_PASSWORD = "admin-password-of-the-test"
 USERS = {"alice": "alice-password", "bob": "bob-password"}
-SWEEP = ["sweep", "table3", "--seeds", "1", "--only", "data.imbalance_ratio=0.1"]  # DER++ and PBR
 
 
 def _auth_config(tmp):
@@ -42,17 +40,6 @@ def _pbr(repo, uri, user, *args):
     return r
 
 
-def _finish_queue(repo, n):
-    deadline = time.time() + 900
-    while time.time() < deadline:
-        states = queue_states(repo)
-        if len(states) == n and all(s in ("Success", "Failed") for _, s in states):
-            assert all(s == "Success" for _, s in states), states
-            return {name for name, _ in states}
-        time.sleep(3)
-    raise AssertionError(f"the queue did not finish: {queue_states(repo)}")
-
-
 def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, monkeypatch):
     raw = tmp_path / "raw"
     fakedata.write_cifar(raw, 100, 20, 2)
@@ -76,28 +63,25 @@ def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, m
         commit(a, "team remote")
         run(["git", "remote", "add", "origin", str(origin)], a)
         run(["git", "push", "-q", "origin", "main"], a)
-        b = tmp_path / "bob"
-        run(["git", "clone", "-q", str(origin), str(b)], tmp_path)
-
-        # Each machine its shard; bob's machine also re-runs one of alice's runs (a re-queued job).
-        for repo, user, shard in ((a, "alice", "1/2"), (b, "bob", "2/2")):
-            r = _pbr(repo, uri, user, *SWEEP, "--shard", shard, "--jobs", "1")
-            assert r.returncode == 0, r.stderr
-            assert f"shard {shard}: 1 of 2 runs" in r.stderr
-        names_a, names_b = _finish_queue(a, 1), _finish_queue(b, 1)
-        assert not names_a & names_b
-        r = _pbr(b, uri, "bob", *SWEEP, "--shard", "1/2", "--jobs", "1")
-        assert r.returncode == 0, r.stderr
-        again = _finish_queue(b, 2) - names_b
-        assert len(again) == 1 and again <= names_a
-
-        dvc(a, "exp", "push", "origin", *sorted(names_a))
-        dvc(b, "exp", "push", "origin", *sorted(names_b))  # the duplicate stays where it ran
+        # Each machine runs its array task of examples/slurm_sweep.sh, as SLURM would start it;
+        # bob's machine then runs task 1 again (a re-queued job) after alice's machine finished it.
+        names = {}
+        for machine, user, k in (("alice-node", "alice", 1), ("bob-node", "bob", 2), ("bob-node", "bob", 1)):
+            e = {**_as(user, uri), "REPO": str(origin), "WORK": str(tmp_path / machine), "GRID": "table3",
+                 "SEEDS": "1", "JOBS": "1", "SWEEP_ARGS": "--only data.imbalance_ratio=0.1", "POLL_SECONDS": "2",
+                 "SLURM_ARRAY_TASK_ID": str(k), "SLURM_ARRAY_TASK_COUNT": "2"}
+            r = subprocess.run(["bash", str(ROOT / "examples/slurm_sweep.sh")], cwd=tmp_path, env=e,
+                               capture_output=True, text=True, timeout=900)
+            assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+            assert f"shard {k}/2: 1 of 2 runs" in r.stderr and f"shard {k}/2 of table3: done, 0 failed" in r.stdout
+            work = tmp_path / machine / f"table3-shard-{k}-of-2"
+            names.setdefault(k, set()).update(dvc(work, "exp", "ls", "--name-only").stdout.split())
+        assert len(names[1]) == 1 and len(names[2]) == 1 and names[1] != names[2]
 
         c = tmp_path / "carol"
         run(["git", "clone", "-q", str(origin), str(c)], tmp_path)
         listed = set(dvc(c, "exp", "ls", "--name-only", "origin").stdout.split())
-        assert listed == names_a | names_b
+        assert listed == names[1] | names[2]
         dvc(c, "exp", "pull", "origin", *sorted(listed))
         assert set(dvc(c, "exp", "ls", "--name-only").stdout.split()) == listed
 

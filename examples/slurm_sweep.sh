@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One shard of a paper grid per SLURM array task: each task clones the team's repository, queues
+# its K-th of N parts of the grid (`pbr sweep --shard K/N`, balanced by expected cost), runs them
+# through its own DVC queue, and pushes the finished experiments to the team's git and DVC remotes.
+# Every run logs to the team's MLflow server as it goes. Any machine then sees everything:
+#   git pull && dvc exp pull origin && pbr report
+#
+# Usage (array indices start at 1; N = the array's size):
+#   export REPO=git@github.com:our-lab/pbr.git MLFLOW_TRACKING_URI=https://mlflow.our-lab.org
+#   export MLFLOW_TRACKING_USERNAME=alice MLFLOW_TRACKING_PASSWORD=...   # or from a file: README
+#   GRID=table2 SEEDS=5 sbatch --array=1-3 examples/slurm_sweep.sh
+# A re-queued array task runs its shard again: finished runs are not lost, the report counts a
+# repeated run once, and its experiments replace their earlier copies on the git remote.
+#SBATCH --job-name=pbr-sweep
+#SBATCH --gres=gpu:1
+#SBATCH --cpus-per-task=16
+#SBATCH --time=2-00:00:00
+#SBATCH --output=pbr-sweep-%A-%a.out
+set -euo pipefail
+: "${REPO:?set REPO to the git remote of the team (holding params.yaml and the config of the DVC remote)}"
+: "${MLFLOW_TRACKING_URI:?set MLFLOW_TRACKING_URI to the MLflow server of the team}"
+: "${MLFLOW_TRACKING_USERNAME:?set MLFLOW_TRACKING_USERNAME (and MLFLOW_TRACKING_PASSWORD) to your account}"
+: "${SLURM_ARRAY_TASK_ID:?submit it as an array job: sbatch --array=1-N examples/slurm_sweep.sh}"
+GRID=${GRID:-table2}      # a grid of `pbr sweep`
+SEEDS=${SEEDS:-5}
+JOBS=${JOBS:-4}           # runs at once on this machine (4 saturate one H200: README, Results)
+BRANCH=${BRANCH:-main}    # every task must plan from the same commit, params.yaml and options
+SWEEP_ARGS=${SWEEP_ARGS:-}  # more options for every task alike, e.g. "--budget proxy -S data.root=/shared/data"
+K=$SLURM_ARRAY_TASK_ID
+N=${SLURM_ARRAY_TASK_COUNT:?}
+WORK=${WORK:-${SCRATCH:-$HOME}/pbr-sweep}/$GRID-shard-$K-of-$N
+
+if [ ! -d "$WORK/.git" ]; then
+  git clone -q --branch "$BRANCH" "$REPO" "$WORK"
+fi
+cd "$WORK"
+git pull -q --ff-only origin "$BRANCH"
+# shellcheck disable=SC2086  # SWEEP_ARGS is a list of options
+pbr sweep "$GRID" --seeds "$SEEDS" --shard "$K/$N" $SWEEP_ARGS --jobs "$JOBS"
+while dvc queue status | grep -qE '(Queued|Running) *$'; do
+  sleep "${POLL_SECONDS:-60}"
+done
+dvc queue stop >/dev/null 2>&1 || true
+# The experiments this queue finished (named: without names dvc pushes none): their git refs to
+# REPO, their outputs to the DVC remote. --force: a re-queued task's runs replace earlier copies.
+mapfile -t done_names < <(dvc queue status | awk '$NF == "Success" {print $2}')
+if [ "${#done_names[@]}" -gt 0 ]; then
+  dvc exp push --force origin "${done_names[@]}"
+fi
+failed=$(dvc queue status | grep -cE 'Failed *$' || true)
+echo "shard $K/$N of $GRID: done, $failed failed (dvc queue logs NAME shows why)"
+[ "$failed" -eq 0 ]
