@@ -37,16 +37,17 @@ cd "$WORK"
 git pull -q --ff-only origin "$BRANCH"
 # shellcheck disable=SC2086  # SWEEP_ARGS is a list of options
 pbr sweep "$GRID" --seeds "$SEEDS" --shard "$K/$N" $SWEEP_ARGS --jobs "$JOBS"
-while dvc queue status | grep -qE '(Queued|Running) *$'; do
+while dvc queue status | grep -E '(Queued|Running) *$' >/dev/null; do  # not -q: under pipefail an early exit fails dvc
   sleep "${POLL_SECONDS:-60}"
 done
-dvc queue stop >/dev/null 2>&1 || true
 # The experiments this queue finished (named: without names dvc pushes none): their git refs to
 # REPO, their outputs to the DVC remote. --force: a re-queued task's runs replace earlier copies.
 mapfile -t done_names < <(dvc queue status | awk '$NF == "Success" {print $2}')
+failed=$(dvc queue status | grep -cE 'Failed *$' || true)
+dvc queue stop >/dev/null 2>&1 || true
+echo "pushing ${#done_names[@]} experiments: ${done_names[*]}"
 if [ "${#done_names[@]}" -gt 0 ]; then
   dvc exp push --force origin "${done_names[@]}"
 fi
-failed=$(dvc queue status | grep -cE 'Failed *$' || true)
 echo "shard $K/$N of $GRID: done, $failed failed (dvc queue logs NAME shows why)"
 [ "$failed" -eq 0 ]

@@ -1,20 +1,12 @@
 """The whole pipeline through `dvc repro`, MLflow tracking, experiments and the report."""
 
 import json
-import subprocess
 
 import pytest
 
-import fakedata
-from project import BIN, SMALL, copy_project, dvc, env, make_project, mlflow_server, run
+from project import BIN, copy_project, dvc, run
 
 pytestmark = pytest.mark.slow
-
-@pytest.fixture(scope="module")
-def raw(tmp_path_factory):
-    root = tmp_path_factory.mktemp("raw")
-    fakedata.write_cifar(root, 10, 60, 6)
-    return root
 
 
 def _client(repo):
@@ -75,21 +67,6 @@ def test_pipeline_metrics_plots_and_mlflow_agree_and_report_compares_experiments
     rep = run([str(BIN / "pbr"), "report"], repo).stdout
     assert "ordered, IR 0.1" in rep and "shuffled, IR 0.1" in rep and "PBR" in rep
     assert (repo / "reports/report.csv").is_file()
-
-
-def test_tracking_to_a_real_mlflow_server(tmp_path, raw):
-    with mlflow_server(tmp_path) as uri:
-        repo = make_project(tmp_path / "repo", data__root=str(raw), **SMALL)
-        r = subprocess.run([str(BIN / "pbr"), "prepare"], cwd=repo, env={**env(), "MLFLOW_TRACKING_URI": uri},
-                           capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        assert not (repo / "mlflow.db").exists()
-        from mlflow import MlflowClient
-
-        c = MlflowClient(uri)
-        runs = c.search_runs([c.get_experiment_by_name("pbr").experiment_id])
-        assert len(runs) == 1 and runs[0].data.tags["pbr.stage.prepare"] == "done"
-        assert "prepare/class_counts.csv" in [a.path for a in c.list_artifacts(runs[0].info.run_id, "prepare")]
 
 
 def test_tracking_anchors_to_the_repository_from_a_queue_workspace(tmp_path, monkeypatch):
