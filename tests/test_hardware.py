@@ -49,18 +49,18 @@ def test_auto_picks_bf16_only_with_bf16_units_and_channels_last_only_from_width_
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_auto_on_a_gpu_follows_its_compute_capability_once_bf16_is_shown_there(monkeypatch):
+def test_auto_on_a_gpu_follows_its_compute_capability_where_bf16_pays_there(monkeypatch):
     dev = torch.device("cuda")
     major, _ = torch.cuda.get_device_capability(dev)
-    assert hardware.resolve("auto", "auto", 64, dev)[:2] == ("fp32", False)  # not shown on cuda yet
-    monkeypatch.setattr(hardware, "BF16_SHOWN_ON", ("cpu", "cuda"))
+    assert hardware.resolve("auto", "auto", 64, dev)[:2] == ("fp32", False)  # no faster on an H200
+    monkeypatch.setattr(hardware, "BF16_PAYS_ON", ("cpu", "cuda"))
     assert hardware.resolve("auto", "auto", 64, dev)[:2] == ("bf16" if major >= 8 else "fp32", False)
 
 
-def test_bf16_units_on_a_device_where_bf16_is_not_shown_stay_fp32(monkeypatch):
-    monkeypatch.setattr(hardware, "BF16_SHOWN_ON", ())
+def test_bf16_units_on_a_device_where_bf16_does_not_pay_stay_fp32(monkeypatch):
+    monkeypatch.setattr(hardware, "BF16_PAYS_ON", ())
     precision, _, why = hardware.resolve("auto", False, 64, torch.device("cpu"), set(ZEN4_EPYC.split()))
-    assert precision == "fp32" and "not yet shown on cpu" in why
+    assert precision == "fp32" and "not measured to pay on cpu" in why
 
 
 def test_the_train_stage_records_what_auto_chose(tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ import pytest
 
 import fakedata
 from pbr.methods import METHODS
+from project import tree_bytes
 from stages.config import from_dict
 
 SMALL = {"data": {"download": False, "imbalance_ratio": 0.1}, "model": {"width": 4},
@@ -58,8 +59,18 @@ def _train(cfg):
 
 
 @pytest.mark.parametrize("name", list(METHODS))
-def test_every_method_trains_and_saves_each_task(workdir, prepared, name):
-    summary, _ = _train(_cfg(prepared / "raw", method={"name": name}))
+def test_every_method_trains_saves_each_task_and_resumes_to_the_same_bytes(workdir, prepared, name):
+    """Also what a killed run needs of each method: its saved tasks rebuild it (the score and evaluate
+    stages' way in) and resume to the bytes of the uninterrupted run. A real SIGKILL between processes
+    is in test_methods_dvc (a few methods) and test_faults_dvc (PBR)."""
+    import torch
+
+    from pbr.data.shards import load_manifest
+    from pbr.loop import evaluate
+    from stages import train
+
+    cfg = _cfg(prepared / "raw", method={"name": name})
+    summary, _ = _train(cfg)
     assert summary["settings"]["method"] == name
     m = summary["class_il"]["matrix"]
     assert len(m) == 5 and all(len(r) == 5 for r in m)
@@ -69,14 +80,29 @@ def test_every_method_trains_and_saves_each_task(workdir, prepared, name):
         assert (task / "buffer.parquet").is_file() == METHODS[name].uses_buffer
         assert all(v == 0 for v in m[k][k + 1:])  # Class-IL on unseen classes is 0
     assert all(0 <= v <= 100 for scen in ("class_il", "task_il") for row in summary[scen]["matrix"] for v in row)
-    if not METHODS[name].uses_buffer:
-        return
-    import pyarrow.parquet as pq
+    if METHODS[name].uses_buffer:
+        import pyarrow.parquet as pq
 
-    buf = pq.read_table(workdir / "artifacts/train/task_04/buffer.parquet")
-    # Full, except a per-class quota (iCaRL) leaves the slots of classes with fewer samples empty.
-    assert 0 < buf.num_rows <= 200
-    assert set(buf.column_names) == {"image", "label", "task", "score", "logits"}
+        buf = pq.read_table(workdir / "artifacts/train/task_04/buffer.parquet")
+        # Full, except a per-class quota (iCaRL) leaves the slots of classes with fewer samples empty.
+        assert 0 < buf.num_rows <= 200
+        assert set(buf.column_names) == {"image", "label", "task", "score", "logits"}
+
+    manifest = load_manifest(workdir / "data/prepared")
+    _, tests = train._load_tasks(manifest, torch.device("cpu"))
+    method, saved = train.load_method(workdir / "artifacts/train/task_02/model.pt", manifest, torch.device("cpu"),
+                                      torch.Generator().manual_seed(0))
+    assert saved["task"] == 2 and type(method) is METHODS[name]
+    assert list(evaluate(method, tests, 3, 256)) == [summary["class_il"]["matrix"][2], summary["task_il"]["matrix"][2]]
+
+    out = workdir / "artifacts/train"
+    whole = tree_bytes(out)
+    shutil.rmtree(out / "task_03")
+    shutil.rmtree(out / "task_04")
+    (out / "accuracy.json").unlink()
+    again, log = _train(cfg)
+    assert "resuming after task 3 of 5" in log
+    assert again == summary and tree_bytes(out) == whole
 
 
 def test_same_seed_same_bytes_and_changed_settings_start_over(workdir, prepared):
