@@ -132,6 +132,28 @@ def sweep(
         typer.echo("run them with: dvc queue start -j 2   (then: dvc queue status; pbr report)", err=True)
 
 
+@app.command()
+def ui(
+    port: int = typer.Option(5000, "--port", help="Port of the local UI (a sqlite store only)."),
+    tracking_uri: str | None = typer.Option(
+        None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite mlflow.db at the repository root)."),
+) -> None:
+    """Print the MLflow UI's link to the training runs and their charts; for a local sqlite store, serve
+    the UI too (mlflow ui, until Ctrl-C)."""
+    import subprocess
+
+    from stages import tracking
+
+    uri = tracking_uri or tracking.tracking_uri()
+    exp_id = tracking.existing_experiment_id(uri, tracking.experiment_name())
+    if uri.startswith(("http://", "https://")):
+        typer.echo(tracking.ui_link(uri, exp_id))
+        return
+    typer.echo(f"open {tracking.ui_link(f'http://127.0.0.1:{port}', exp_id)}   (Ctrl-C ends the UI)", err=True)
+    subprocess.run([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+                    "--port", str(port)])
+
+
 def main() -> None:
     try:
         app()

@@ -91,9 +91,32 @@ def store_error(uri: str, e: Exception, fix: str) -> str:
     return f"MLflow store {uri} cannot be opened ({type(e).__name__}: {msg}); {fix}"
 
 
-# MLflow 3 opens an experiment of no declared kind in its GenAI view (runs under "Evaluations");
-# this tag, which its UI reads, makes `mlflow ui` open on the training runs and their charts.
+# MLflow 3 opens an experiment of no declared kind in its GenAI view (runs under "Evaluations").
+# Its UI up to about 3.5 reads this tag to open on the training runs; later ones (3.17 checked) keep
+# a "GenAI | Model training" switch per browser instead, which the link of ui_link sets.
 KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
+
+
+def ui_link(base: str, experiment_id: str) -> str:
+    """The MLflow UI page of an experiment's training runs with their metric charts."""
+    return (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
+            "?workflowType=machine_learning&compareRunsMode=CHART")
+
+
+def existing_experiment_id(uri: str, name: str) -> str:
+    """The id of experiment `name` in the store at `uri`; a one-line error when there is none."""
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):].split("?", 1)[0]).is_file():
+        raise UserError(f"no MLflow store at {uri}: run a stage first (dvc repro), or set MLFLOW_TRACKING_URI")
+    try:
+        from mlflow import MlflowClient
+
+        exp = MlflowClient(tracking_uri=uri).get_experiment_by_name(name)
+    except Exception as e:  # a store that cannot be opened fails in many ways
+        raise UserError(store_error(uri, e, "check --tracking-uri / MLFLOW_TRACKING_URI")) from None
+    if exp is None:
+        raise UserError(f"MLflow store {uri} has no experiment '{name}': run a stage first (dvc repro), or set "
+                        "MLFLOW_EXPERIMENT_NAME")
+    return exp.experiment_id
 
 
 def _client():

@@ -93,8 +93,13 @@ def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, m
         assert "1 older run(s) repeating a seed with the same settings left out" in rep.stdout
         from mlflow import MlflowClient
 
-        runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("pbr").experiment_id])
+        exp_id = MlflowClient(uri).get_experiment_by_name("pbr").experiment_id
+        runs = MlflowClient(uri).search_runs([exp_id])
         assert len(runs) == 3 and {x.data.tags["dvc.exp_name"] for x in runs} == listed
+        # The team server's page of the training runs (test_mlflow_ui opens such a link in a browser).
+        link = _pbr(c, uri, "bob", "ui")
+        assert link.returncode == 0 and link.stdout.strip() == (
+            f"{uri}/#/experiments/{exp_id}/runs?workflowType=machine_learning&compareRunsMode=CHART"), link.stderr
 
         # Nobody without credentials gets in, nor with a wrong password.
         for who in (None, "mallory"):
