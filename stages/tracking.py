@@ -92,8 +92,8 @@ def store_error(uri: str, e: Exception, fix: str) -> str:
 
 
 # MLflow 3 opens an experiment of no declared kind in its GenAI view (runs under "Evaluations").
-# Its UI up to about 3.5 reads this tag to open on the training runs; later ones (3.17 checked) keep
-# a "GenAI | Model training" switch per browser instead, which the link of ui_link sets.
+# Releases of its UI without the "GenAI | Model training" switch read this tag to open on the
+# training runs; those with it (3.17 checked) ignore the tag, and the link of ui_link sets the switch.
 KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
 
 

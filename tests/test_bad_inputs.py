@@ -207,3 +207,18 @@ def test_training_output_that_cannot_be_written(tmp_path, prepared):
     (repo / "artifacts").write_text("in the way")
     _one_line_error(_pbr(repo, "train"), "artifacts")
     assert not _leftovers(repo)
+
+
+def test_ui_without_a_store_or_its_experiment(tmp_path):
+    """`pbr ui` before any stage ran: one line, and no empty store created on the way."""
+    import os
+
+    run = lambda **e: subprocess.run([sys.executable, "-m", "stages.cli", "ui"], cwd=tmp_path, capture_output=True,  # noqa: E731
+                                     text=True, timeout=120, env={**os.environ, **e})
+    _one_line_error(run(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"), "no MLflow store at", "dvc repro")
+    assert not (tmp_path / "mlflow.db").exists()
+    from mlflow import MlflowClient
+
+    MlflowClient(f"sqlite:///{tmp_path / 'other.db'}").create_experiment("someone-else")
+    _one_line_error(run(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'other.db'}", MLFLOW_EXPERIMENT_NAME="pbr"),
+                    "has no experiment 'pbr'", "MLFLOW_EXPERIMENT_NAME")
