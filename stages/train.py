@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from pbr.errors import UserError
-from stages import artifacts, faults, hardware, paths, threads
+from stages import artifacts, faults, hardware, paths, resume, threads
 from stages.config import Config
 
 STATE = "state.pt"
@@ -197,9 +197,10 @@ def load_method(path: Path, manifest: dict, device, generator):
 class _TaskRecorder:
     """The stage's side of the task loop: progress, fault points, the saved task, MLflow, the log."""
 
-    def __init__(self, out: Path, method, s: dict, manifest: dict, rows: dict, epochs_log: list, tracker, log):
+    def __init__(self, out: Path, method, s: dict, manifest: dict, rows: dict, epochs_log: list, tracker, log,
+                 fp: str):
         self.out, self.method, self.s, self.manifest = out, method, s, manifest
-        self.rows, self.epochs_log, self.tracker, self.log = rows, epochs_log, tracker, log
+        self.rows, self.epochs_log, self.tracker, self.log, self.fp = rows, epochs_log, tracker, log, fp
         self.progress = None
 
     def task_started(self, task: int, n_images: int, epochs: int) -> None:
@@ -224,6 +225,7 @@ class _TaskRecorder:
         self.rows["task_il"].append(t_row)
         self.epochs_log.append([{"epoch": e.epoch, "loss": e.loss, "accuracy": e.accuracy} for e in stats])
         _save_task(self.out, k, self.method, self.s, self.rows, self.epochs_log, self.manifest)
+        resume.keep(self.out, f"task_{k:02d}", self.fp)
         _track_task(self.tracker, k, self.rows, self.epochs_log, self.s["epochs"])
         self.log(f"task {k + 1}/{self.manifest['n_tasks']} done: Class-IL {[round(a, 2) for a in c_row[: k + 1]]}, "
                  f"Task-IL {[round(a, 2) for a in t_row[: k + 1]]}")
@@ -257,7 +259,13 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         log(f"train.precision / train.channels_last auto on {device}: {sources['hardware']}")
     fp = fingerprint(s, manifest, device)
     run_file = out / "run.json"
-    if run_file.is_file() and json.loads(run_file.read_text()).get("fingerprint") != fp:
+    saved_fp = json.loads(run_file.read_text()).get("fingerprint") if run_file.is_file() else None
+    have = _finished_tasks(out, manifest["n_tasks"]) if saved_fp == fp else 0
+    back = resume.restore(out, fp, have, lambda p: _finished_tasks(p, manifest["n_tasks"]))
+    if back:
+        log(f"{out}: took back the {back} finished task(s) of this run from {resume.STORE} (dvc exp run "
+            "checks out other outputs over them)")
+    elif saved_fp is not None and saved_fp != fp:
         log(f"{out}: settings, data or code changed since the saved tasks; starting over")
         shutil.rmtree(out)
     if tracker is not None:
@@ -272,6 +280,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     artifacts.write_text(run_file, json.dumps({"fingerprint": fp, "settings": s, "sources": sources,
                                                "device": str(device), "threads": n_threads,
                                                "n_tasks": manifest["n_tasks"]}, indent=1))
+    resume.keep(out, "run.json", fp)
 
     torch.manual_seed(cfg.seed)
     init_gen = torch.Generator().manual_seed(cfg.seed)  # same initial weights on every device
@@ -302,7 +311,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
             _track_task(tracker, k, rows, epochs_log, s["epochs"])
 
     t_all = time.perf_counter()
-    recorder = _TaskRecorder(out, method, s, manifest, rows, epochs_log, tracker, log)
+    recorder = _TaskRecorder(out, method, s, manifest, rows, epochs_log, tracker, log, fp)
     try:
         train_tasks(method, train_sets, test_sets, s["epochs"], s["batch_size"], start, s["eval_batch_size"], recorder)
     finally:
@@ -312,6 +321,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     # The accuracy matrices; their metrics (ACC, BWT, forgetting) are the evaluate stage's.
     summary = {"class_il": {"matrix": rows["class_il"]}, "task_il": {"matrix": rows["task_il"]}, "settings": s}
     artifacts.write_text(out / "accuracy.json", json.dumps(summary, indent=1))
+    resume.forget(fp)
     if tracker is not None:
         tracker.log_artifact(out / "accuracy.json", "train")
     last_c, last_t = rows["class_il"][-1], rows["task_il"][-1]

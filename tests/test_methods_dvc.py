@@ -1,6 +1,7 @@
 """Methods through the real pipeline: `dvc exp run -S method.name=NAME` runs every stage and MLflow
-holds the run; the same training SIGKILLed between two tasks and run again in a new process ends
-with the bytes of the uninterrupted run. Every method's save, reload and resume is checked
+holds the run; the same `dvc exp run` SIGKILLed between two tasks and run again resumes (it takes its
+finished tasks back from .pbr/resume, since dvc exp run checks the baseline's outputs out over them)
+and ends with the bytes of the uninterrupted run. Every method's save, reload and resume is checked
 in-process in test_train_stage; here one method of each kind of saved state crosses processes
 (PBR's kills through `dvc repro`, inside a task too, are in test_faults_dvc)."""
 
@@ -9,19 +10,15 @@ import subprocess
 
 import pytest
 
-from project import BIN, copy_project, env, set_params, tree_bytes
+from project import BIN, copy_project, env, tree_bytes
 
 pytestmark = pytest.mark.slow
 
 
-def _exp_run(repo, name):
-    return subprocess.run([str(BIN / "dvc"), "exp", "run", "-S", f"method.name={name}"], cwd=repo, env=env(),
-                          capture_output=True, text=True, timeout=600)
-
-
-def _train(repo, kill_at=None):
+def _exp_run(repo, name, kill_at=None):
     e = {**env(), **({"PBR_KILL_AT": kill_at} if kill_at else {})}
-    return subprocess.run([str(BIN / "pbr"), "train"], cwd=repo, env=e, capture_output=True, text=True, timeout=600)
+    return subprocess.run([str(BIN / "dvc"), "exp", "run", "-S", f"method.name={name}"], cwd=repo, env=e,
+                          capture_output=True, text=True, timeout=600)
 
 
 # One of each kind of state a run leaves behind (CI's time is finite): a reservoir (ER), exemplars
@@ -48,11 +45,12 @@ def test_method_runs_through_dvc_exp_run_and_resumes_after_sigkill(tmp_path, fin
         json.loads((ref / "reports/metrics.json").read_text())["class_il"]["acc"], abs=1e-3)
 
     repo = copy_project(finished, tmp_path / "repo")
-    set_params(repo, method__name=name)
-    r = _train(repo, kill_at="train:after_task2")
-    assert r.returncode == -9  # SIGKILL
+    r = _exp_run(repo, name, kill_at="train:after_task2")
+    assert r.returncode != 0 and "pbr train, exited with -9" in r.stderr + r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     assert sorted(p.name for p in (repo / "artifacts/train").glob("task_*")) == ["task_00", "task_01", "task_02"]
-    r = _train(repo)
+    r = _exp_run(repo, name)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "resuming after task 3 of 5" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    said = r.stdout + r.stderr
+    assert "took back the 3 finished task(s)" in said and "resuming after task 3 of 5" in said, said[-3000:]
     assert tree_bytes(repo / "artifacts/train") == tree_bytes(ref / "artifacts/train")
+    assert not any((repo / ".pbr/resume").iterdir())  # a complete run keeps nothing there
