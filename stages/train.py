@@ -3,7 +3,8 @@
 Resumable: each finished task is a complete folder `artifacts/train/task_KK/` (written under a
 temporary name, then renamed) holding everything needed to continue exactly where it ended,
 RNG states included. A re-run continues after the last finished task when the run's fingerprint
-(settings, prepared data, code) is unchanged, and starts over otherwise.
+(settings, prepared data, code) is unchanged, and starts over otherwise. The finished tasks are
+also linked outside DVC's outputs (stages/resume.py), which `dvc exp run` would overwrite.
 """
 
 from __future__ import annotations
