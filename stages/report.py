@@ -41,9 +41,11 @@ def _method(name: str):
     return METHODS.get(name)
 
 
-def _declares(name: str, key: str) -> bool:
-    cls = _method(name)
-    return cls is not None and key.removeprefix("method.") in cls.setting_keys()
+def _reads(params: dict[str, str], key: str) -> bool:
+    """Whether the run's method reads `key` (a method section key) under the run's settings."""
+    cls = _method(params.get("method.name", ""))
+    settings = {k.removeprefix("method."): v for k, v in params.items() if k.startswith("method.")}
+    return cls is not None and cls.reads(key.removeprefix("method."), settings)
 
 
 def _label(name: str) -> str:
@@ -131,6 +133,7 @@ class Report:
 # How a method setting that differs from its default reads in a row label, first to last (other
 # keys read "key value"); the online reservoir's rule is the budget's, not the row's.
 VARIANTS = {
+    "method.sampling": lambda v: "online reservoir" if v == "reservoir" else v,
     "method.buffer_order": lambda v: {"random": "random", "certain_first": "certain-first",
                                       "uncertain_first": "uncertain-first",
                                       "uncertain_weighted": "uncertain-weighted"}.get(v, v),
@@ -213,7 +216,7 @@ def budget_of(params: dict[str, str]) -> str:
 
     width, epochs = params.get("model.width", "64"), params.get("train.epochs", "50")
     reservoir = params.get("method.reservoir", "every_epoch")
-    if not _declares(params.get("method.name", ""), "reservoir"):
+    if not _reads(params, "reservoir"):
         reservoir = None  # the method has no online reservoir: the setting does not change it
     proxy = BUDGETS["proxy"]
     if (width, epochs) == (str(proxy["model.width"]), str(proxy["train.epochs"])) and \
@@ -303,7 +306,7 @@ def _signature(params: dict[str, str]) -> tuple:
         drop.add("method.buffer_size")
     # Another method's settings do not change this one's results.
     drop |= {k for k in params if k.startswith("method.") and k not in ("method.name", "method.buffer_size")
-             and _method(name) is not None and not _declares(name, k)}
+             and _method(name) is not None and not _reads(params, k)}
     return tuple(sorted((k, v) for k, v in params.items() if k not in drop))
 
 

@@ -134,6 +134,8 @@ def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
                 yield {**task, "method.name": "pbr", key: v, "_row": f"pbr-{short}{text}"}
     yield {**task, "method.name": "pbr", "_row": "pbr"}
     yield {**task, "method.name": "pbr", "method.buffer_order": "random", "_row": "pbr-random"}
+    # The ablation's other reading: PBR's loss with the online reservoir the walk replaces.
+    yield {**task, "method.name": "pbr", "method.sampling": "reservoir", "_row": "pbr-reservoir"}
 
 
 def _get(d: dict, dotted: str) -> Any:

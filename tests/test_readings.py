@@ -162,3 +162,30 @@ def test_reservoir_offers_each_sample_once_per_task_with_first_epoch():
         method.begin_task(0, images, labels)
         fit_task(method, images, labels, 3, 8)
         assert method.buffer.seen == 24 * per_epoch, reservoir
+
+
+def test_pbr_reservoir_sampling_fills_the_buffer_online_and_skips_the_walk():
+    """sampling: reservoir (the paper's "random reservoir sampling" read as Vitter's): the buffer
+    fills during training by ER's rule, and the end of a task leaves it as it is; the walk
+    (sampling: walk) stores nothing online and fills the buffer at the end of the task."""
+    images, labels = _task(0)
+    stream = {bytes(x.numpy().tobytes()) for x in images}
+    for reservoir, per_epoch in (("every_epoch", 2), ("first_epoch", 1)):
+        method, _ = _setup("pbr", sampling="reservoir", reservoir=reservoir)
+        method.begin_task(0, images, labels)
+        fit_task(method, images, labels, 2, 8)
+        assert method.buffer.seen == 24 * per_epoch and len(method.buffer) == 16, reservoir
+        stored = [bytes(x.numpy().tobytes()) for x in method.buffer.images[:16]]
+        assert set(stored) <= stream
+        if reservoir == "first_epoch":  # each sample offered once: no sample twice
+            assert len(set(stored)) == 16
+        before = method.buffer.images.clone()
+        method.end_task(0, images, labels)
+        assert torch.equal(method.buffer.images, before) and method.task_counts == [24]
+
+    walk, _ = _setup("pbr", sampling="walk")
+    walk.begin_task(0, images, labels)
+    fit_task(walk, images, labels, 2, 8)
+    assert len(walk.buffer) == 0 and walk.buffer.seen == 0
+    walk.end_task(0, images, labels)
+    assert len(walk.buffer) > 0

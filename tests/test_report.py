@@ -213,8 +213,13 @@ def test_budgets_get_their_own_tables_and_readings_their_own_rows():
                        {"class_il.acc": 35.0}),
              RunRecord("alpha", {**p, **proxy, "method.alpha": "1.0", "method.reservoir": "every_epoch", "seed": "1"},
                        {"class_il.acc": 28.0})]
+    # PBR filled by the online reservoir reads the reservoir's rule: at every epoch it is not the proxy.
+    runs += [RunRecord("res", {**p, **proxy, "method.sampling": "reservoir"}, {"class_il.acc": 27.0}),
+             RunRecord("res-every", {**p, **proxy, "method.sampling": "reservoir", "method.reservoir": "every_epoch"},
+                       {"class_il.acc": 26.0})]
     groups, _ = report.group_runs(runs)
     assert {(g.budget, g.method) for g in groups} == {
+        ("proxy", "PBR (online reservoir)"), ("width 8, epochs [4, 8, 16, 40, 80]", "PBR (online reservoir)"),
         ("full protocol", "PBR"), ("width 20, epochs 5", "PBR"), ("proxy", "PBR"),
         ("proxy", "PBR (per-class offset, KL over all)"), ("proxy", "ER (lr 0.03)"), ("proxy", "ER")}
     by = {(g.budget, g.method): g for g in groups}

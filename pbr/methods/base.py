@@ -138,6 +138,12 @@ class ContinualMethod:
         return tuple(s.key for s in cls.settings)
 
     @classmethod
+    def reads(cls, key: str, settings: dict[str, Any]) -> bool:
+        """Whether `key` can change a run with these settings (PBR reads the reservoir's rule only
+        when its buffer is an online reservoir): runs that differ only in unread keys are alike."""
+        return key in cls.setting_keys()
+
+    @classmethod
     def options(cls, dataset: str = "cifar10", buffer_size: int = 200, **given: Any) -> tuple[Options, dict[str, str]]:
         """Resolved settings (lr and each declared key; "auto" or left out: the method's own value)
         and the source of each."""

@@ -19,8 +19,8 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from pbr.methods.base import ALPHA, BETA, TAU2, ContinualMethod, Setting, positive
-from pbr.selection import uncertainty_walk
+from pbr.methods.base import ALPHA, BETA, RESERVOIR, TAU2, ContinualMethod, Setting, positive
+from pbr.selection import reservoir_add, uncertainty_walk
 from pbr.uncertainty import score_images
 
 
@@ -48,12 +48,23 @@ class PBR(ContinualMethod):
         Setting("kl_classes", Literal["old", "all"], "old", "the classes the KL's softmaxes run over"),
         Setting("imprint", bool, False, "new classes' vectors start at their samples' mean feature (LUCIR)"),
         Setting("replay_ce", bool, True, "cross-entropy on buffer samples too"),
+        # The paper's ablation "random reservoir sampling" read two ways: the walk in random order
+        # (buffer_order: random) or Vitter's online reservoir that the walk is contrasted with.
+        Setting("sampling", Literal["walk", "reservoir"], "walk",
+                "the buffer is filled by the end-of-task walk, or by the online reservoir during training"),
+        RESERVOIR,  # sampling: reservoir only
     )
     # lr 0.1: the paper's 0.03 went with its CE at logit scale s / tau1 = 100; at tau1 = 1 (scale 10)
     # the head's gradients are ten times smaller, and 0.1 measured better on every seed
     # (docs/method.md, point 8).
     defaults = {"lr": 0.1, "head": "cosine", "dropout": 0.1, "alpha": 1.0, "beta": 1.0}
     defaults_source = "docs/method.md (lr 0.1 at tau1 = 1; alpha = beta = 1; cosine head; dropout before the head)"
+
+    @classmethod
+    def reads(cls, key: str, settings: dict[str, Any]) -> bool:
+        if key == "reservoir":
+            return settings.get("sampling") == "reservoir"
+        return super().reads(key, settings)
 
     def __init__(self, net, ctx, opts) -> None:
         super().__init__(net, ctx, opts)
@@ -71,7 +82,7 @@ class PBR(ContinualMethod):
         if not self.has_replay():
             logits = self.net(x)
             self.count(logits, y)
-            return self.step(self.ce(logits / o.tau1, y))
+            return self._stored(self.step(self.ce(logits / o.tau1, y)), raw, y)
         bx, by, _ = self.replay()
         n = x.shape[0]
         logits = self.net(torch.cat([x, bx]))
@@ -87,7 +98,13 @@ class PBR(ContinualMethod):
             if o.beta:
                 now = self.net.prototypes().index_select(0, old)
                 loss = loss + o.beta * (now - self.old_prototypes.index_select(0, old)).norm(dim=1).sum()
-        return self.step(loss)
+        return self._stored(self.step(loss), raw, y)
+
+    def _stored(self, loss: torch.Tensor, raw: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """sampling = reservoir: the batch is offered to the online reservoir after the step (ER's rule)."""
+        if self.opts.sampling == "reservoir" and self.offers_to_reservoir():
+            reservoir_add(self.buffer, raw, y, torch.full_like(y, self.task), generator=self.ctx.generator)
+        return loss
 
     def _distill(self, bx: torch.Tensor, s_logits: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
         """KL(p_old || p_new) at tau2 on buffer samples, summed over the old classes, batch mean."""
@@ -126,15 +143,20 @@ class PBR(ContinualMethod):
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
         before = self.walk_offset_counts()
         seen = self.ctx.seen_classes(task)
+        if self.opts.sampling == "walk":
+            self._walk(task, images, labels, before, seen)
+        self.class_counts += torch.bincount(labels.cpu(), minlength=self.ctx.n_classes).double()
+        self.task_counts.append(int(labels.shape[0]))
+        self.snapshot_teacher()
+
+    def _walk(self, task: int, images: torch.Tensor, labels: torch.Tensor, before: torch.Tensor,
+              seen: torch.Tensor) -> None:
         mi, _ = score_images(self.net, images, self.opts.mc_samples, self.mi_temperature(), self.ctx.eval_batch_size,
                              self.ctx.preprocess, self.ctx.generator, classes=seen)
         # N of the sample-in probability: this walk's steps ("task") or the whole stream so far.
         start = int(self.class_counts.sum()) if self.opts.walk_count == "stream" else 0
         uncertainty_walk(self.buffer, images, labels, torch.full_like(labels, task), mi, before, self.ctx.generator,
                          order=self.opts.buffer_order, candidate=self.opts.walk_candidate, start=start)
-        self.class_counts += torch.bincount(labels.cpu(), minlength=self.ctx.n_classes).double()
-        self.task_counts.append(int(labels.shape[0]))
-        self.snapshot_teacher()
 
     def snapshot_teacher(self) -> None:
         self.teacher = copy.deepcopy(self.net).eval().requires_grad_(False)
