@@ -3,7 +3,8 @@
 A SIGKILL cannot be caught, so this is the same death as an OOM kill or a pulled plug, placed at
 a chosen instant instead of a raced one. Points: `prepare:written` (shards written, not yet
 renamed into place), `train:task<K>:epoch<E>` (inside task K, after its epoch E),
-`train:after_task<K>` (task K saved and tracked, task K+1 not begun), `evaluate:partial`
+`train:after_task<K>` (task K saved and tracked, task K+1 not begun), `score:after_task<K>`
+(task K scored and kept), `evaluate:partial`
 (some reports rewritten, metrics.json not yet). With `PBR_KILL_GROUP=1` the whole process group
 dies: the stage and the `dvc repro` that started it (start that in its own session).
 """

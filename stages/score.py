@@ -4,13 +4,64 @@ sample, and whether it was forgotten (right after its own task, wrong at the end
 Each sample is scored by the model of the end of its own task (its uncertainty when learned)
 and by the final model. Output: artifacts/score/scores.parquet; per-class summaries and the
 paper's motivation plots (uncertainty against class frequency; forgotten against kept samples
-by uncertainty) under reports/score/.
+by uncertainty) under reports/score/. Each scored task is also kept in .pbr/resume (as the train
+stage keeps its tasks), so a killed scoring goes on from its last finished task.
 """
 
 from __future__ import annotations
 
 
-from stages import artifacts, paths, plots, threads
+import hashlib
+import json
+from pathlib import Path
+
+from stages import artifacts, faults, paths, plots, resume, threads
+
+COLUMNS = ("split", "index", "label", "task", "class_count", "mi", "entropy", "correct_own", "mi_final",
+           "entropy_final", "correct_final")
+
+
+def _fingerprint(last, T, tau, batch_size, dropout, seed, device) -> str:
+    """What a scoring depends on: the trained run (its fingerprint and final weights), the
+    scoring's settings and code. A killed scoring with the same fingerprint takes its tasks back."""
+    run = json.loads((paths.TRAIN / "run.json").read_text()).get("fingerprint") if (
+        paths.TRAIN / "run.json").is_file() else None
+    code = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for f in ("stages/score.py", "pbr/uncertainty.py"):
+        code.update((root / f).read_bytes())
+    blob = json.dumps({"kind": "score", "run": run, "final": hashlib.sha256(last.read_bytes()).hexdigest(),
+                       "settings": [T, tau, batch_size, dropout, seed], "device": device.type,
+                       "code": code.hexdigest()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _keep(fp: str, k: int, part: dict, generator_state) -> None:
+    """Task k's scores and the generator's state after them, in the run's resume store: the
+    score stage's output is replaced whole at the end, so a killed scoring keeps its tasks here."""
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.savez(buf, _generator=generator_state, **part)
+    artifacts.write_bytes(resume.store_for(fp) / f"score_{k:02d}.npz", buf.getvalue())
+
+
+def _take_back(fp: str, n_tasks: int) -> tuple[list[dict], int]:
+    """The kept tasks 0..k-1 of this scoring (each with its generator state), and k."""
+    import numpy as np
+    import torch
+
+    store, parts = resume.store_for(fp), []
+    while len(parts) < n_tasks and (store / f"score_{len(parts):02d}.npz").is_file():
+        with np.load(store / f"score_{len(parts):02d}.npz") as z:
+            part = {c: z[c] for c in COLUMNS}
+            part["_generator"] = torch.from_numpy(z["_generator"])
+        parts.append(part)
+    for p in parts[:-1]:
+        p.pop("_generator")
+    return parts, len(parts)
 
 
 def _score(method, images, T, tau, batch_size, pre, gen, classes, dropout, task, task_classes):
@@ -66,12 +117,16 @@ def run(cfg, log=print, tracker=None) -> dict:
         cfg.method.tau1 * (saved["scale"] if cfg.method.mi_logits == "cosine" else 1.0)
         if saved["head"] == "cosine" else 1.0)
     counts = manifest["train_counts"]
-    cols: dict[str, list] = {k: [] for k in ("split", "index", "label", "task", "class_count", "mi", "entropy",
-                                             "correct_own", "mi_final", "entropy_final", "correct_final")}
     all_classes = torch.tensor(sorted(c for t in manifest["task_classes"] for c in t), device=device)
-    for k in range(n_tasks):
+    fp = _fingerprint(last, T, tau, bs, dropout, cfg.seed, device)
+    parts, start = _take_back(fp, n_tasks)
+    if start:
+        gen.set_state(parts[-1].pop("_generator"))
+        log(f"scoring: took back tasks 1-{start} of this scoring from {resume.STORE}; resuming at task {start + 1}")
+    for k in range(start, n_tasks):
         own, _ = load_method(paths.TRAIN / f"task_{k:02d}" / "model.pt", manifest, device, gen)
         seen = torch.tensor(sorted(c for t in manifest["task_classes"][: k + 1] for c in t), device=device)
+        cols: dict[str, list] = {c: [] for c in COLUMNS}
         for split in ("train", "test"):
             s = read_split(paths.PREPARED, manifest, k, split)
             images = torch.from_numpy(s.images).permute(0, 3, 1, 2)
@@ -80,7 +135,7 @@ def run(cfg, log=print, tracker=None) -> dict:
             mi, ent, pred = _score(own, images, T, tau, bs, pre, gen, seen, dropout, k, own_classes)
             mi_f, ent_f, pred_f = _score(final, images, T, tau, bs, pre, gen, all_classes, dropout, k, own_classes)
             n = len(s.labels)
-            cols["split"] += [split] * n
+            cols["split"].append(np.full(n, split))
             cols["index"].append(s.indices)
             cols["label"].append(s.labels)
             cols["task"].append(np.full(n, k))
@@ -89,12 +144,16 @@ def run(cfg, log=print, tracker=None) -> dict:
                 cols[name].append(v.float().cpu().numpy())
             cols["correct_own"].append((pred == labels).cpu().numpy())
             cols["correct_final"].append((pred_f == labels).cpu().numpy())
+        parts.append({c: np.concatenate(v) for c, v in cols.items()})
+        _keep(fp, k, parts[-1], gen.get_state().numpy())
         log(f"scored task {k + 1}/{n_tasks}")
-    data = {k: (np.concatenate(v) if k != "split" else np.asarray(v)) for k, v in cols.items()}
+        faults.point(f"score:after_task{k}")
+    data = {c: np.concatenate([p[c] for p in parts]) for c in COLUMNS}
     data["forgotten"] = data["correct_own"] & ~data["correct_final"]
     table = pa.table({k: pa.array(v) for k, v in data.items()})
     with artifacts.atomic_dir(paths.SCORE) as tmp:
         pq.write_table(table, tmp / "scores.parquet")
+    resume.forget(fp)
 
     # Per class (training samples): the paper's motivation, minority classes more uncertain.
     train = data["split"] == "train"

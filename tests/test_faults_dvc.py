@@ -112,3 +112,21 @@ def test_a_bf16_run_killed_inside_a_task_resumes_to_the_same_bytes(tmp_path, fin
     assert tree_bytes(killed / "artifacts/train") == tree_bytes(base / "artifacts/train")
     # bf16 trained other weights than the fp32 run it was copied from: the comparison can fail.
     assert tree_bytes(base / "artifacts/train/task_04") != tree_bytes(finished / "artifacts/train/task_04")
+
+
+def test_kill_during_score_resumes_at_the_next_task(tmp_path, finished):
+    import pyarrow.parquet as pq
+
+    repo = copy_project(finished, tmp_path / "repo")
+    shutil.rmtree(repo / "artifacts/score")
+    r = _killed_repro(repo, "score:after_task2")
+    assert r.returncode != 0 and not (repo / "artifacts/score/scores.parquet").exists()
+    r = dvc(repo, "repro")
+    assert "took back tasks 1-3 of this scoring" in r.stdout + r.stderr and "scored task 3/5" not in r.stdout
+    assert "scored task 4/5" in r.stdout
+    assert pq.read_table(repo / "artifacts/score/scores.parquet").equals(
+        pq.read_table(finished / "artifacts/score/scores.parquet"))
+    assert (repo / "reports/score/by_class.csv").read_bytes() == (finished / "reports/score/by_class.csv").read_bytes()
+    assert not list((repo / ".pbr/resume").rglob("score_*.npz"))  # a complete scoring keeps nothing there
+    assert "up to date" in dvc(repo, "status").stdout
+    assert "RUNNING" not in _statuses(repo)
