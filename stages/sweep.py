@@ -206,16 +206,23 @@ def parse_assignments(items: list[str], option: str, many: bool = False) -> dict
 
 
 def _name(grid: str, o: dict[str, Any], seed: int, extra: dict[str, Any]) -> str:
+    """The experiment's name. A paper grid's run is named by its settings only, not by the grid, so
+    a run two tables share (table 1's and table 2's CIFAR-100 PBR at buffer 500; table 5's cosine
+    PBR and table 2's PBR) is one experiment: the second sweep finds it and queues nothing."""
     if "_row" in o:  # a fidelity cell names itself
         parts = [grid[:3], o["_row"], f"s{seed}"]
     else:
-        parts = [grid.replace("table", "t"), SHORT[o["data.dataset"]], o["method.name"]]
-        if o["method.name"] == "pbr" and o.get("method.buffer_order") is not None:
+        from pbr.methods import METHODS
+
+        name, buffer = o["method.name"], o.get("method.buffer_size")
+        parts = [SHORT[o["data.dataset"]], name]
+        if name == "pbr" and o.get("method.buffer_order") is not None:
             parts.append(o["method.buffer_order"].replace("_", ""))
-        if o.get("model.head", "auto") != "auto":
+        own_head, _ = METHODS[name].resolve("head", "auto", o["data.dataset"], buffer or 0)
+        if o.get("model.head", "auto") not in ("auto", own_head):
             parts.append(o["model.head"])
-        if "method.buffer_size" in o:
-            parts.append(f"b{o['method.buffer_size']}")
+        if buffer is not None:
+            parts.append(f"b{buffer}")
         parts += [o["data.setting"][:3], f"ir{o['data.imbalance_ratio']:g}", f"s{seed}"]
     if extra:  # the same row under other settings is another experiment
         parts.append(hashlib.sha256(repr(sorted(extra.items())).encode()).hexdigest()[:6])

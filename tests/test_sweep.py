@@ -81,13 +81,34 @@ def test_bad_sweeps_are_one_line_errors(args, msg):
         sweep.plan(*args, PARAMS)
 
 
+def test_a_run_two_tables_share_is_one_experiment():
+    """Names follow the settings, not the grid: a sweep of table 1 after table 2 finds its PBR run."""
+    def names(grid, **only):
+        return {r.name: r.overrides for r in _plan(grid, only=only)}
+
+    t1, t2 = names("table1"), names("table2", **{"data.dataset": "cifar100"})
+    shared = set(t1) & set(t2)
+    assert shared == {"c100-pbr-b500-ord-ir0.01-s0"}, shared
+    # Table 5's cosine PBR is table 2's PBR (cosine is PBR's own head), its linear SGD is table 2's
+    # SGD; its linear PBR and cosine SGD are its own.
+    t5, t2 = names("table5"), names("table2", **{"data.dataset": "cifar10"})
+    assert set(t5) & set(t2) == {"c10-pbr-b200-ord-ir0.01-s0", "c10-pbr-random-b200-ord-ir0.01-s0",
+                                 "c10-sgd-ord-ir0.01-s0"}
+    assert t5["c10-sgd-cosine-ord-ir0.01-s0"]["model.head"] == "cosine"
+    assert t5["c10-pbr-linear-b200-ord-ir0.01-s0"]["model.head"] == "linear"
+    # Distinct runs keep distinct names within every grid.
+    for grid in ("table1", "table2", "table3", "table5"):
+        runs = _plan(grid, seeds=2)
+        assert len({r.name for r in runs}) == len(runs), grid
+
+
 def test_cli_dry_run(tmp_path):
     (tmp_path / "params.yaml").write_text(PARAMS.read_text())
     r = subprocess.run([sys.executable, "-m", "stages.cli", "sweep", "table5", "--seeds", "2", "--dry-run"],
                        cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 12 and all(x.startswith("dvc exp run --queue -n t5-c10-") for x in lines)
+    assert len(lines) == 12 and all(x.startswith("dvc exp run --queue -n c10-") for x in lines)
     r = subprocess.run([sys.executable, "-m", "stages.cli", "sweep", "table3", "-S", "train.epochs"],
                        cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip() == (
