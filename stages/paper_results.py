@@ -4,7 +4,8 @@ Source: "Prior-free Balanced Replay" (ACM MM 2024), Tables 2, 3 and 5.
 Key: (setting, imbalance_ratio, dataset, method_label, buffer_size or None)
   -> (class_il or None, task_il or None); None where the paper prints "-" or gives no number.
 method_label is the row label of `pbr report` (stages/report.py, `method_label`):
-  the paper's "Ours - Uncertainty" / "Ours" is "PBR", "Ours - Random" is "PBR (random)",
+  the paper's "Ours - Uncertainty" / "Ours" is "PBR", "Ours - Random" is "PBR (random)" or, read
+  as the online reservoir, "PBR (online reservoir)",
   the linear-classifier ablation is "PBR (linear)"; "SGD-LT"/"JOINT-LT" are SGD/JOINT at IR 0.01,
   and "SGD-BL"/"JOINT-BL" (the balanced stream) are SGD/JOINT at IR 1 (docs/method.md).
 The paper reports mean over 5 runs; the std it prints is not kept here.
@@ -143,6 +144,16 @@ PAPER_RESULTS = {
     # "random/cosine" 44.77/82.50 and "uncertainty/cosine" 51.00/89.99 are the Table 2 rows above.
     ("ordered", 0.01, "cifar10", "PBR (random, linear)", 200): (33.21, 76.64),
     ("ordered", 0.01, "cifar10", "PBR (linear)", 200): (33.66, 76.45),
+    # "Ours - Random" ("our method with random reservoir sampling") read the other way: PBR's loss
+    # with Vitter's online reservoir instead of the walk (method.sampling: reservoir; docs/method.md,
+    # point 10). The same published numbers, beside either reading's row.
+    ("ordered", 0.01, "cifar10", "PBR (online reservoir)", 200): (44.77, 82.50),
+    ("ordered", 0.01, "cifar100", "PBR (online reservoir)", 200): (20.17, 48.32),
+    ("ordered", 0.01, "tinyimagenet", "PBR (online reservoir)", 200): (8.06, 34.98),
+    ("ordered", 0.01, "cifar10", "PBR (online reservoir)", 500): (50.73, 86.50),
+    ("ordered", 0.01, "cifar100", "PBR (online reservoir)", 500): (20.94, 50.98),
+    ("ordered", 0.01, "tinyimagenet", "PBR (online reservoir)", 500): (9.86, 41.26),
+    ("ordered", 0.01, "cifar10", "PBR (online reservoir, linear)", 200): (33.21, 76.64),
 }
 
 # Published numbers with no row of `pbr report` (kept so nothing of the paper's tables is lost).

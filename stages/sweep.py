@@ -33,13 +33,21 @@ def _task(setting: str, dataset: str, ir: float) -> dict[str, Any]:
 
 def _method(name: str, buffer: int | None = None, order: str | None = None, head: str = "auto"
             ) -> dict[str, Any]:
-    """A method's keys; `order` None leaves PBR's walk order to params.yaml (the paper's "Ours")."""
+    """A method's keys; `order` None leaves PBR's walk order to params.yaml (the paper's "Ours");
+    "reservoir" fills PBR's buffer by the online reservoir instead of the walk."""
     m: dict[str, Any] = {"method.name": name, "model.head": head}
     if buffer is not None:
         m["method.buffer_size"] = buffer
-    if name == "pbr" and order is not None:
+    if name == "pbr" and order == "reservoir":
+        m["method.sampling"] = "reservoir"
+    elif name == "pbr" and order is not None:
         m["method.buffer_order"] = order
     return m
+
+
+# The paper's "Ours - Random", in both readings (docs/method.md, point 10): the walk in random
+# order, and the online reservoir the walk replaces.
+OURS = (None, "random", "reservoir")
 
 
 def table2(base: dict | None = None) -> Iterator[dict[str, Any]]:
@@ -60,7 +68,7 @@ def table2(base: dict | None = None) -> Iterator[dict[str, Any]]:
             for cls in METHODS.values():
                 if cls.role == "baseline" and cls.uses_buffer:
                     yield {**_task("ordered", ds, 0.01), **_method(cls.name, buffer)}
-            for order in (None, "random"):
+            for order in OURS:
                 yield {**_task("ordered", ds, 0.01), **_method("pbr", buffer, order)}
 
 
@@ -83,11 +91,11 @@ def table3(base: dict | None = None) -> Iterator[dict[str, Any]]:
 
 
 def table5(base: dict | None = None) -> Iterator[dict[str, Any]]:
-    """Table 5 (ablation): Seq-CIFAR-10-LT, ordered, IR 0.01; walk order (uncertainty / random) x
-    classifier (cosine / linear) at buffer 200, and no buffer (SGD) with either classifier."""
+    """Table 5 (ablation): Seq-CIFAR-10-LT, ordered, IR 0.01; the buffer's sampling (the walk in
+    params.yaml's order, in random order, or the online reservoir) x classifier (cosine / linear) at buffer 200, and no buffer (SGD) with either classifier."""
     for head in ("linear", "cosine"):
         yield {**_task("ordered", "cifar10", 0.01), **_method("sgd", head=head)}
-    for order in (None, "random"):
+    for order in OURS:
         for head in ("cosine", "linear"):
             yield {**_task("ordered", "cifar10", 0.01), **_method("pbr", 200, order, head)}
 
@@ -218,6 +226,8 @@ def _name(grid: str, o: dict[str, Any], seed: int, extra: dict[str, Any]) -> str
         parts = [SHORT[o["data.dataset"]], name]
         if name == "pbr" and o.get("method.buffer_order") is not None:
             parts.append(o["method.buffer_order"].replace("_", ""))
+        if o.get("method.sampling") is not None:
+            parts.append(o["method.sampling"])
         own_head, _ = METHODS[name].resolve("head", "auto", o["data.dataset"], buffer or 0)
         if o.get("model.head", "auto") not in ("auto", own_head):
             parts.append(o["model.head"])

@@ -20,13 +20,14 @@ def _plan(grid, seeds=1, extra=None, only=None, budget="full"):
 
 def _table2_rows_per_dataset():
     """The bounds at IR 0.01 and 1, the other baselines once (no buffer) or at buffers 200 and 500,
-    and PBR as "Ours" and "Ours - Random" at both buffers: whatever the registry holds."""
+    and PBR as "Ours" and "Ours - Random" (in both readings: the walk in random order, the online
+    reservoir) at both buffers: whatever the registry holds."""
     from pbr.methods import METHODS
 
     bounds = sum(c.role == "bound" for c in METHODS.values())
     plain = sum(c.role == "baseline" and not c.uses_buffer for c in METHODS.values())
     rehearsal = sum(c.role == "baseline" and c.uses_buffer for c in METHODS.values())
-    return 2 * bounds + plain + 2 * (rehearsal + 2)
+    return 2 * bounds + plain + 2 * (rehearsal + 3)
 
 
 def _n_methods():
@@ -36,7 +37,7 @@ def _n_methods():
 
 
 @pytest.mark.parametrize("grid,per_seed", [("table1", 2), ("table2", 3 * _table2_rows_per_dataset()), ("table3", 8),
-                                           ("table5", 6),
+                                           ("table5", 8),
                                            ("families", 2 * _n_methods())])
 def test_grid_sizes_and_unique_names(grid, per_seed):
     runs = _plan(grid, seeds=5)
@@ -93,7 +94,7 @@ def test_a_run_two_tables_share_is_one_experiment():
     # SGD; its linear PBR and cosine SGD are its own.
     t5, t2 = names("table5"), names("table2", **{"data.dataset": "cifar10"})
     assert set(t5) & set(t2) == {"c10-pbr-b200-ord-ir0.01-s0", "c10-pbr-random-b200-ord-ir0.01-s0",
-                                 "c10-sgd-ord-ir0.01-s0"}
+                                 "c10-pbr-reservoir-b200-ord-ir0.01-s0", "c10-sgd-ord-ir0.01-s0"}
     assert t5["c10-sgd-cosine-ord-ir0.01-s0"]["model.head"] == "cosine"
     assert t5["c10-pbr-linear-b200-ord-ir0.01-s0"]["model.head"] == "linear"
     # Distinct runs keep distinct names within every grid.
@@ -108,7 +109,7 @@ def test_cli_dry_run(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 12 and all(x.startswith("dvc exp run --queue -n c10-") for x in lines)
+    assert len(lines) == 16 and all(x.startswith("dvc exp run --queue -n c10-") for x in lines)
     r = subprocess.run([sys.executable, "-m", "stages.cli", "sweep", "table3", "-S", "train.epochs"],
                        cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip() == (
