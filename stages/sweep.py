@@ -92,7 +92,8 @@ def table3(base: dict | None = None) -> Iterator[dict[str, Any]]:
 
 def table5(base: dict | None = None) -> Iterator[dict[str, Any]]:
     """Table 5 (ablation): Seq-CIFAR-10-LT, ordered, IR 0.01; the buffer's sampling (the walk in
-    params.yaml's order, in random order, or the online reservoir) x classifier (cosine / linear) at buffer 200, and no buffer (SGD) with either classifier."""
+    params.yaml's order, in random order, or the online reservoir) x classifier (cosine / linear)
+    at buffer 200, and no buffer (SGD) with either classifier."""
     for head in ("linear", "cosine"):
         yield {**_task("ordered", "cifar10", 0.01), **_method("sgd", head=head)}
     for order in OURS:

@@ -141,21 +141,21 @@ class PBR(ContinualMethod):
 
     @torch.no_grad()
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
-        before = self.walk_offset_counts()
-        seen = self.ctx.seen_classes(task)
         if self.opts.sampling == "walk":
-            self._walk(task, images, labels, before, seen)
+            self._walk(task, images, labels)
         self.class_counts += torch.bincount(labels.cpu(), minlength=self.ctx.n_classes).double()
         self.task_counts.append(int(labels.shape[0]))
         self.snapshot_teacher()
 
-    def _walk(self, task: int, images: torch.Tensor, labels: torch.Tensor, before: torch.Tensor,
-              seen: torch.Tensor) -> None:
+    def _walk(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """The end-of-task walk over the task's samples in MI order (before the task's counts join
+        the offset)."""
         mi, _ = score_images(self.net, images, self.opts.mc_samples, self.mi_temperature(), self.ctx.eval_batch_size,
-                             self.ctx.preprocess, self.ctx.generator, classes=seen)
+                             self.ctx.preprocess, self.ctx.generator, classes=self.ctx.seen_classes(task))
         # N of the sample-in probability: this walk's steps ("task") or the whole stream so far.
         start = int(self.class_counts.sum()) if self.opts.walk_count == "stream" else 0
-        uncertainty_walk(self.buffer, images, labels, torch.full_like(labels, task), mi, before, self.ctx.generator,
+        uncertainty_walk(self.buffer, images, labels, torch.full_like(labels, task), mi, self.walk_offset_counts(),
+                         self.ctx.generator,
                          order=self.opts.buffer_order, candidate=self.opts.walk_candidate, start=start)
 
     def snapshot_teacher(self) -> None:
