@@ -8,7 +8,9 @@ written as CSV (one row per cell group) and optionally as a markdown file.
 Only runs with status FINISHED and the tag pbr.complete = "true" count. Runs of one group with the
 same seed and the same settings are repeats: the newest one is used. Runs of one group that differ
 in a setting other than the seed are averaged together, and a note under the table says so.
-mlflow is imported only when the store is read.
+Under each table, PBR at its defaults is set against every other row on the seeds both ran (the
+paired difference and its standard error): seeds share the data order and the initialisation, so
+the pairs are far less noisy than the two means. mlflow is imported only when the store is read.
 """
 
 from __future__ import annotations
@@ -96,6 +98,18 @@ class Group:
             return []  # no Class-IL prediction (PNN): "-" as in the paper
         key = f"{mode}.{metric}"
         return [r.metrics[key] for r in self.runs if key in r.metrics]
+
+    def by_seed(self, mode: str, metric: str) -> dict[str, float]:
+        """`mode.metric` by seed: the mean of a seed's runs where runs of differing settings share
+        the group (the table's mean averages them the same way, with a note)."""
+        key = f"{mode}.{metric}"
+        if not self.values(mode, metric):
+            return {}
+        seeds: dict[str, list[float]] = {}
+        for r in self.runs:
+            if key in r.metrics:
+                seeds.setdefault(r.params.get("seed", ""), []).append(r.metrics[key])
+        return {s: statistics.fmean(v) for s, v in seeds.items()}
 
     def stats(self, mode: str, metric: str) -> tuple[float, float, int] | None:
         """(mean, sample std (0 for one run), n) of `mode.metric`, None when no run has it."""
@@ -429,6 +443,11 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
                 line += [_cell(g, "class_il", metric, pc, ptasks, n),
                          _cell(g, "task_il", metric, pt, ptasks, n)]
             out.append("| " + " | ".join(line) + " |")
+        paired = paired_lines(gs, metric)
+        if paired:
+            out += ["", f"Paired with {REFERENCE}: its {metric.upper()} minus the row's, mean ± standard error over the "
+                        f"seeds both ran (higher on k of n seeds); rows sharing fewer than {MIN_PAIRS} seeds left out.",
+                    ""] + paired
         notes = [note for g in gs for note in g.notes] + _tuned_lr_notes(gs)
         if notes:
             out += [""] + [f"- note: {note}" for note in notes]
@@ -436,6 +455,37 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
     if skipped:
         out += [""] + [f"- note: {s}" for s in skipped]
     return "\n".join(out) + "\n"
+
+
+REFERENCE = "PBR"  # the row every other is paired with: PBR at its defaults
+MIN_PAIRS = 2
+
+
+def _paired(a: dict[str, float], b: dict[str, float]) -> tuple[float, float, int, int] | None:
+    """(mean of a - b, its standard error, seeds where a > b, seeds) over the common seeds."""
+    d = [a[s] - b[s] for s in sorted(a.keys() & b.keys())]
+    if len(d) < MIN_PAIRS:
+        return None
+    return statistics.fmean(d), statistics.stdev(d) / len(d) ** 0.5, sum(x > 0 for x in d), len(d)
+
+
+def paired_lines(groups: list[Group], metric: str = "acc") -> list[str]:
+    """One line per row of the table that shares seeds with PBR's row of the same dataset and
+    buffer: PBR minus the row, Class-IL and Task-IL."""
+    lines = []
+    refs = {(g.dataset, g.n_tasks, g.buffer_size): g for g in groups if g.method == REFERENCE}
+    for g in sorted(groups, key=lambda g: (_col_order(g.dataset, g.n_tasks), _row_order(g.method, g.buffer_size))):
+        ref = refs.get((g.dataset, g.n_tasks, g.buffer_size))
+        if ref is None or g is ref:
+            continue
+        cells = []
+        for mode, name in (("class_il", "Class-IL"), ("task_il", "Task-IL")):
+            p = _paired(ref.by_seed(mode, metric), g.by_seed(mode, metric))
+            if p is not None:
+                cells.append(f"{name} {p[0]:+.2f} ± {p[1]:.2f} ({p[2]} of {p[3]})")
+        if cells:
+            lines.append(f"- {REFERENCE} - {g.describe()}: {'; '.join(cells)}")
+    return lines
 
 
 def _tuned_lr_notes(groups: list[Group]) -> list[str]:

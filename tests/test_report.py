@@ -284,3 +284,37 @@ def test_auto_precision_is_read_as_what_the_machine_chose():
     assert bf16["train.precision"] == "bf16" and fp32["train.precision"] == "fp32"
     assert report._signature(bf16) != report._signature(fp32)
     assert report._signature(old) == report._signature(fp32)
+
+
+def test_pbr_is_paired_with_every_row_on_the_seeds_both_ran(env):
+    """PBR 50, 52, 57 / 88, 90, 92 against ER 40, 44 / 85, 86 (seeds 0, 1): differences 10 and 8
+    (mean 9, std sqrt 2, se 1) and 3 and 4 (mean 3.5, se 0.5). PBR (random) shares one seed, SGD
+    no buffer: neither is paired."""
+    text = report.run().text
+    table = text.split("## ordered, IR 0.01")[1].split("## shuffled")[0]
+    paired = [line for line in table.splitlines() if line.startswith("- PBR - ")]
+    assert paired == ["- PBR - ER, buffer 200, Seq-CIFAR-10-LT (5 tasks): "
+                      "Class-IL +9.00 ± 1.00 (2 of 2); Task-IL +3.50 ± 0.50 (2 of 2)"]
+    assert "## shuffled" in text and "- PBR - " not in text.split("## shuffled")[1]
+
+
+def test_pairs_match_seeds_and_average_a_seeds_runs_of_differing_settings():
+    p = {**BASE, "method.name": "pbr"}
+    er = {**BASE, "method.name": "er"}
+    runs = [RunRecord("p0", {**p, "seed": "0"}, {"class_il.acc": 30.0, "task_il.acc": 70.0}),
+            RunRecord("p1", {**p, "seed": "1"}, {"class_il.acc": 34.0, "task_il.acc": 80.0}),
+            # seed 1 again with another batch size: the seed's value is the mean of its two runs, 36
+            RunRecord("p1b", {**p, "seed": "1", "train.batch_size": "16"}, {"class_il.acc": 38.0, "task_il.acc": 80.0}),
+            RunRecord("p2", {**p, "seed": "2"}, {"class_il.acc": 20.0, "task_il.acc": 60.0}),
+            # ER lacks seed 2 and has seed 5, which PBR lacks: pairs on seeds 0 and 1 only
+            RunRecord("e0", {**er, "seed": "0"}, {"class_il.acc": 32.0, "task_il.acc": 60.0}),
+            RunRecord("e1", {**er, "seed": "1"}, {"class_il.acc": 30.0, "task_il.acc": 70.0}),
+            RunRecord("e5", {**er, "seed": "5"}, {"class_il.acc": 99.0, "task_il.acc": 99.0}),
+            # another buffer size: no PBR of its own to pair with
+            RunRecord("e0-500", {**er, "seed": "0", "method.buffer_size": "500"}, {"class_il.acc": 1.0}),
+            RunRecord("e1-500", {**er, "seed": "1", "method.buffer_size": "500"}, {"class_il.acc": 1.0})]
+    groups, _ = report.group_runs(runs)
+    # Class-IL: 30 - 32 = -2, 36 - 30 = +6: mean +2, std sqrt(32), se 4; PBR higher on 1 of 2.
+    # Task-IL: +10 and +10: se 0.
+    assert report.paired_lines(groups) == ["- PBR - ER, buffer 200, Seq-CIFAR-10-LT (5 tasks): "
+                                           "Class-IL +2.00 ± 4.00 (1 of 2); Task-IL +10.00 ± 0.00 (2 of 2)"]
