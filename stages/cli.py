@@ -90,7 +90,8 @@ def sweep(
     budget: str = typer.Option("full", "--budget", help="full: params.yaml as it is (50 epochs per task, width "
                                                         "64); proxy: the validated cheap stand-in (docs/method.md); quick: "
                                                         "width 8, one epoch a task."),
-    seeds: int = typer.Option(5, "--seeds", help="Run seeds 0..N-1 of every cell (the paper averages 5 runs)."),
+    seeds: str = typer.Option("5", "--seeds", help="N: seeds 0..N-1 of every cell (the paper averages 5 runs); "
+                                                     "A-B: seeds A..B (e.g. 100-109); or a list A,B,C."),
     set_: list[str] = typer.Option([], "--set", "-S", help="key=value set on every run, e.g. -S train.epochs=5 "
                                                            "(repeatable)."),
     only: list[str] = typer.Option([], "--only", help="key=v1,v2: keep the runs with these values, e.g. --only "
@@ -99,13 +100,17 @@ def sweep(
                                                     "expected cost (one per machine, or a SLURM array task: "
                                                     "--shard $((SLURM_ARRAY_TASK_ID+1))/$SLURM_ARRAY_TASK_COUNT)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the dvc commands; queue nothing."),
-    jobs: int = typer.Option(0, "--jobs", "-j", help="Start this many queue workers after queueing (0: don't)."),
+    jobs: int = typer.Option(0, "--jobs", "-j", help="Start this many queue workers after queueing (0: don't); "
+                                                     "with --offline, runs at a time (0: 1)."),
+    offline: Path | None = typer.Option(None, "--offline", help="Run the grid here and now without DVC or a tracking "
+                                                               "server: each run in DIR/runs/NAME, recorded in "
+                                                               "DIR/mlflow.db; then `pbr import DIR` (docs/offline.md)."),
     params: Path = ParamsOpt,
 ) -> None:
     """Queue a paper grid as DVC experiments (`dvc exp run --queue`); `pbr report` tabulates them."""
     from stages import sweep as stage
 
-    runs = stage.plan(name, seeds, stage.parse_assignments(set_, "-S"),
+    runs = stage.plan(name, stage.parse_seeds(seeds), stage.parse_assignments(set_, "-S"),
                       stage.parse_assignments(only, "--only", many=True), params, budget)
     if shard_:
         k, n = stage.parse_shard(shard_)
@@ -117,6 +122,13 @@ def sweep(
     if dry_run:
         typer.echo("\n".join(r.command() for r in runs))
         typer.echo(f"{len(runs)} runs", err=True)
+        return
+    if offline is not None:
+        from stages import offline as direct
+
+        _, _, failed = direct.run_all(runs, offline, params, jobs=max(jobs, 1), log=lambda m: typer.echo(m, err=True))
+        if failed:
+            raise typer.Exit(1)
         return
     from stages import tracking
 
@@ -130,6 +142,25 @@ def sweep(
         subprocess.run([sys.executable, "-m", "dvc", "queue", "start", "-j", str(jobs)], check=True)
     else:
         typer.echo("run them with: dvc queue start -j 2   (then: dvc queue status; pbr report)", err=True)
+
+
+@app.command("import")
+def import_(
+    source: str = typer.Argument(..., help="The folder copied back from an offline machine (mlflow.db and "
+                                           "mlartifacts/), a .db file, or any MLflow tracking URI."),
+    tracking_uri: str | None = typer.Option(
+        None, "--tracking-uri", help="Store to import into (default: $MLFLOW_TRACKING_URI, else sqlite mlflow.db at the repository root)."),
+    experiment: str | None = typer.Option(None, "--experiment", help="Experiment to copy, into the one of the same "
+                                                                     "name (default: $MLFLOW_EXPERIMENT_NAME, else pbr)."),
+    no_artifacts: bool = typer.Option(False, "--no-artifacts", help="Copy the runs without their artifacts."),
+) -> None:
+    """Copy the runs recorded elsewhere (`pbr sweep --offline DIR`, mlflow-offline/) into the project's store,
+    once each, so `pbr report` counts them (docs/offline.md)."""
+    from stages import sync, tracking
+
+    out = sync.import_runs(source, tracking_uri or tracking.tracking_uri(), experiment or tracking.experiment_name(),
+                           with_artifacts=not no_artifacts, log=lambda m: typer.echo(m, err=True))
+    typer.echo(out.summary())
 
 
 @app.command()

@@ -240,11 +240,30 @@ def _name(grid: str, o: dict[str, Any], seed: int, extra: dict[str, Any]) -> str
     return "-".join(parts)
 
 
-def plan(grid: str, seeds: int, extra: dict[str, Any], only: dict[str, Any], params_file: Path,
+def parse_seeds(text: str) -> list[int]:
+    """`--seeds`: N (seeds 0..N-1), A-B (A..B, both included) or a list A,B,C."""
+    t = text.strip()
+    try:
+        if "-" in t:
+            a, b = (int(x) for x in t.split("-", 1))
+            seeds = list(range(a, b + 1))
+        elif "," in t:
+            seeds = [int(x) for x in t.split(",")]
+        else:
+            seeds = list(range(int(t)))
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise UserError(f"--seeds {text}: give N (seeds 0..N-1, N >= 1), a range A-B with A <= B, or a list "
+                        "A,B,C of distinct seeds >= 0")
+    return seeds
+
+
+def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[str, Any], params_file: Path,
          budget: str = "full") -> list[Run]:
-    """The runs of `grid` over seeds 0..seeds-1, at `budget`, with `extra` set on every run (it
-    wins over the grid and the budget) and only the runs whose values match `only`; each run's
-    params are validated."""
+    """The runs of `grid` over `seeds` (a count N: seeds 0..N-1), at `budget`, with `extra` set on
+    every run (it wins over the grid and the budget) and only the runs whose values match `only`;
+    each run's params are validated."""
     from stages.config import ConfigError, from_dict
 
     if grid not in GRIDS:
@@ -252,8 +271,10 @@ def plan(grid: str, seeds: int, extra: dict[str, Any], only: dict[str, Any], par
     if budget not in BUDGETS:
         raise UserError(f"--budget {budget}: not one of {' | '.join(BUDGETS)}")
     settings = {**BUDGETS[budget], **extra}
-    if seeds < 1:
-        raise UserError(f"--seeds {seeds}: give at least 1 (seeds 0..N-1 are run)")
+    if isinstance(seeds, int):
+        if seeds < 1:
+            raise UserError(f"--seeds {seeds}: give at least 1 (seeds 0..N-1 are run)")
+        seeds = list(range(seeds))
     base = yaml.safe_load(params_file.read_text()) if params_file.is_file() else None
     if not isinstance(base, dict):
         raise UserError(f"{params_file}: no parameters file here; run pbr sweep in the project's root")
@@ -269,7 +290,7 @@ def plan(grid: str, seeds: int, extra: dict[str, Any], only: dict[str, Any], par
         if budget == "proxy" and "train.epochs" not in extra and n_tasks != 5:
             raise UserError(f"--budget proxy is defined for 5-task streams (Seq-CIFAR-10-LT); {grid} has a "
                             f"{n_tasks}-task run: add --only data.dataset=cifar10, or set -S train.epochs")
-        for seed in range(seeds):
+        for seed in seeds:
             overrides = {**o, "seed": seed}
             try:
                 from_dict(_merged(base, overrides))

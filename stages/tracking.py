@@ -45,6 +45,8 @@ def _git(*args: str) -> str:
 
 
 def git_state() -> dict[str, str]:
+    if os.environ.get("PBR_GIT_COMMIT"):  # a run started outside the checkout (`pbr sweep --offline`)
+        return {"git.commit": os.environ["PBR_GIT_COMMIT"], "git.dirty": os.environ.get("PBR_GIT_DIRTY", "unknown")}
     commit = _git("rev-parse", "HEAD") or "unknown"
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
     return {"git.commit": commit, "git.dirty": str(dirty).lower()}

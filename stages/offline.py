@@ -1,0 +1,141 @@
+"""`pbr sweep NAME --offline DIR`: a sweep's runs without DVC or a tracking server.
+
+For a machine that has the code and the raw data but no DVC queue and no reachable MLflow (a GPU
+box, an air-gapped compute node): each run gets its own folder `DIR/runs/<name>/` holding its
+params.yaml, its artifacts and reports, and runs `pbr train` then `pbr evaluate` there. Every run
+records to one sqlite MLflow store in the folder (`DIR/mlflow.db`, artifacts in `DIR/mlartifacts/`),
+with the code commit of the project it was started from. `pbr import DIR` copies the runs into
+the project's store later, where `pbr report` shows them like any other.
+
+A finished run leaves `DIR/runs/<name>/DONE` (its metrics); a second call skips it, and a run
+killed part-way resumes from its finished tasks (the train stage's own resume).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from pbr.errors import UserError
+from stages.paths import from_repo
+
+DONE = "DONE"
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _env(out: Path, root: Path) -> dict[str, str]:
+    from stages.tracking import git_state
+
+    git = git_state()
+    # The runs execute outside the project: its code comes first on the path, and its commit is
+    # recorded on every run (git cannot see it from the run's folder).
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{out / 'mlflow.db'}", "PYTHONPATH": path,
+            "PBR_GIT_COMMIT": git["git.commit"], "PBR_GIT_DIRTY": git["git.dirty"]}
+
+
+def _params(base: dict, overrides: dict[str, Any]) -> dict:
+    from stages.sweep import _merged
+
+    p = _merged(base, overrides)
+    # A relative data root is the project's, not the run folder's.
+    p.setdefault("data", {})["root"] = str(from_repo(p.get("data", {}).get("root", "data/raw")))
+    return p
+
+
+def _stage(cmd: str, cwd: Path, env: dict[str, str], log_file: Path) -> int:
+    with open(log_file, "a") as log:
+        log.write(f"\n$ pbr {cmd}\n")
+        log.flush()
+        return subprocess.run([sys.executable, "-m", "stages.cli", cmd], cwd=cwd, env=env, stdout=log,
+                              stderr=subprocess.STDOUT).returncode
+
+
+def _prepared(out: Path, params: dict, env: dict[str, str]) -> Path:
+    """The prepared data of `params`' data section, built once per distinct section."""
+    key = hashlib.sha256(json.dumps(params["data"], sort_keys=True).encode()).hexdigest()[:12]
+    home = out / "data" / key
+    if not (home / "data" / "prepared" / "manifest.json").is_file():
+        home.mkdir(parents=True, exist_ok=True)
+        _write(home / "params.yaml", yaml.safe_dump(params, sort_keys=False))
+        if _stage("prepare", home, env, home / "prepare.log") != 0:
+            raise UserError(f"pbr prepare failed for the data section {params['data']}; see {home / 'prepare.log'}")
+    return home / "data" / "prepared"
+
+
+def _start(run, out: Path, base: dict, env: dict[str, str]) -> subprocess.Popen | None:
+    d = out / "runs" / run.name
+    d.mkdir(parents=True, exist_ok=True)
+    params = _params(base, run.overrides)
+    _write(d / "params.yaml", yaml.safe_dump(params, sort_keys=False))
+    link = d / "data" / "prepared"
+    if not link.exists():
+        link.parent.mkdir(exist_ok=True)
+        link.symlink_to(_prepared(out, params, env))
+    script = f"{sys.executable} -m stages.cli train && {sys.executable} -m stages.cli evaluate"
+    log = open(d / "run.log", "a")
+    return subprocess.Popen(["sh", "-c", script], cwd=d, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _finish(run, out: Path, rc: int, seconds: float) -> dict | None:
+    d = out / "runs" / run.name
+    metrics = d / "reports" / "metrics.json"
+    if rc != 0 or not metrics.is_file():
+        return None
+    m = json.loads(metrics.read_text())
+    _write(d / DONE, json.dumps({"seconds": round(seconds, 1), **m}, indent=1))
+    return m
+
+
+def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
+            log: Callable[[str], None] = print) -> tuple[int, int, list[str]]:
+    """Run `runs` (sweep.Run) in `out`, `jobs` at a time; returns (finished now, skipped, failed names)."""
+    if jobs < 1:
+        raise UserError(f"--jobs {jobs}: give at least 1 with --offline")
+    root = Path.cwd().resolve()
+    base = yaml.safe_load(params_file.read_text())
+    out = out.expanduser().resolve()
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    env = _env(out, root)
+    # The store and its artifact folder are made once, from `out`, before parallel runs open it.
+    subprocess.run([sys.executable, "-c", "from stages import tracking; tracking.init_store()"], cwd=out,
+                   env=env, check=True)
+    # Seed by seed, so that a sweep cut short leaves every row with the same seeds.
+    todo = sorted((r for r in runs if not (out / "runs" / r.name / DONE).is_file()),
+                  key=lambda r: r.overrides.get("seed", 0))
+    skipped, done, failed = len(runs) - len(todo), 0, []
+    live: dict[str, tuple[Any, subprocess.Popen, float]] = {}
+    while todo or live:
+        while todo and len(live) < jobs:
+            r = todo.pop(0)
+            live[r.name] = (r, _start(r, out, base, env), time.time())
+            log(f"started {r.name}")
+        time.sleep(1.0)
+        for name, (r, proc, t0) in list(live.items()):
+            if proc.poll() is None:
+                continue
+            del live[name]
+            m = _finish(r, out, proc.returncode, time.time() - t0)
+            if m is None:
+                failed.append(name)
+                log(f"FAILED {name} (exit {proc.returncode}); see {out / 'runs' / name / 'run.log'}")
+            else:
+                done += 1
+                log(f"done {name} in {time.time() - t0:.0f} s: Class-IL {m['class_il']['acc']:.2f}, "
+                    f"Task-IL {m['task_il']['acc']:.2f}")
+    log(f"{done} runs finished, {skipped} already done, {len(failed)} failed; records in "
+        f"{out / 'mlflow.db'}: copy {out} to the project and run `pbr import {out}`")
+    return done, skipped, failed
