@@ -8,9 +8,12 @@ written as CSV (one row per cell group) and optionally as a markdown file.
 Only runs with status FINISHED and the tag pbr.complete = "true" count. Runs of one group with the
 same seed and the same settings are repeats: the newest one is used. Runs of one group that differ
 in a setting other than the seed are averaged together, and a note under the table says so.
-Under each table, PBR at its defaults is set against every other row on the seeds both ran (the
-paired difference and its standard error): seeds share the data order and the initialisation, so
-the pairs are far less noisy than the two means. mlflow is imported only when the store is read.
+Where a run trained (its device kind, cpu or cuda, and its precision, fp32 or bf16) is part of a
+row's identity: runs of one cell made on two machines are separate rows, never averaged or paired.
+Under each table, PBR at its defaults is set against every other row of its machine on the seeds
+both ran (the mean paired difference, its Student's t 95% interval, n): seeds share the data order
+and the initialisation, so the pairs are far less noisy than the two means. mlflow is imported
+only when the store is read. How to read it: docs/report.md.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +63,7 @@ IGNORED_PARAMS = frozenset({"seed", "data.root", "data.download", "data.shard_mb
                             "train.eval_batch_size"})
 CSV_COLUMNS = ("budget", "setting", "imbalance_ratio", "dataset", "method", "buffer_size", "n_runs",
                "class_il_mean", "class_il_std", "task_il_mean", "task_il_std",
-               "paper_class_il", "paper_task_il", "metric", "n_tasks", "paper_n_tasks")
+               "paper_class_il", "paper_task_il", "metric", "n_tasks", "paper_n_tasks", "device", "precision")
 
 
 def _default_uri() -> str:
@@ -76,6 +80,29 @@ class RunRecord:
     params: dict[str, str]
     metrics: dict[str, float]
     start_time: int = 0
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+UNKNOWN = "unknown"
+
+
+def device_of(r: RunRecord) -> str:
+    """The device kind the run trained on: the train stage's pbr.device tag ("cuda:0" -> "cuda"),
+    else train.device where it names one; "unknown" for a train.device auto run without the tag."""
+    d = r.tags.get("pbr.device") or r.params.get("train.device", "auto")
+    return UNKNOWN if d in ("", "auto") else d.split(":")[0]
+
+
+def precision_of(params: dict[str, str]) -> str:
+    """fp32 or bf16 as the run resolved it (pin_auto has put its resolved.precision in place of
+    auto); a run from before train.precision existed ran in fp32; auto with no record: unknown."""
+    p = params.get("train.precision", "fp32")
+    return UNKNOWN if p in ("", "auto") else p
+
+
+def machine_text(device: str, precision: str) -> str:
+    return f"{'device unknown' if device == UNKNOWN else device}, " \
+           f"{'precision unknown' if precision == UNKNOWN else precision}"
 
 
 @dataclass
@@ -89,8 +116,21 @@ class Group:
     method: str
     buffer_size: int | None
     budget: str = "full protocol"
+    device: str = UNKNOWN
+    precision: str = "fp32"
     runs: list[RunRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Set where the group's table holds runs of more than one machine: the label then says which.
+    show_machine: bool = False
+
+    @property
+    def machine(self) -> str:
+        return machine_text(self.device, self.precision)
+
+    @property
+    def label(self) -> str:
+        """The row label: the method, and where its table mixes machines, where it ran."""
+        return f"{self.method} [{self.machine}]" if self.show_machine else self.method
 
     def values(self, mode: str, metric: str) -> list[float]:
         cls = _method(self.runs[0].params.get("method.name", "")) if self.runs else None
@@ -131,7 +171,7 @@ class Group:
 
     def describe(self) -> str:
         buf = "" if self.buffer_size is None else f", buffer {self.buffer_size}"
-        return f"{self.method}{buf}, {_dataset_header(self.dataset, self.n_tasks)}"
+        return f"{self.label}{buf}, {_dataset_header(self.dataset, self.n_tasks)}"
 
 
 @dataclass
@@ -305,7 +345,7 @@ def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> lis
 
         raise UserError(store_error(tracking_uri, e, "check --tracking-uri / MLFLOW_TRACKING_URI")) from None
     return [RunRecord(r.info.run_id, pin_auto(dict(r.data.params), dict(r.data.tags)), dict(r.data.metrics),
-                      r.info.start_time or 0)
+                      r.info.start_time or 0, dict(r.data.tags))
             for r in found
             if r.info.status == "FINISHED" and r.data.tags.get(COMPLETE_TAG) == "true"]
 
@@ -338,9 +378,15 @@ def group_runs(runs: Iterable[RunRecord]) -> tuple[list[Group], list[str]]:
         except (KeyError, ValueError) as e:
             skipped.append(f"run {r.run_id} left out: param {e} missing or not a number")
             continue
-        label, budget = method_label(p), budget_of(p)
-        key = (budget, setting, ir, dataset, n_tasks, label, buf)
-        groups.setdefault(key, Group(setting, ir, dataset, n_tasks, label, buf, budget)).runs.append(r)
+        label, budget, device, precision = method_label(p), budget_of(p), device_of(r), precision_of(p)
+        key = (budget, setting, ir, dataset, n_tasks, label, buf, device, precision)
+        groups.setdefault(key, Group(setting, ir, dataset, n_tasks, label, buf, budget, device,
+                                     precision)).runs.append(r)
+
+    for gs in _tables(groups.values()).values():
+        if len({(g.device, g.precision) for g in gs}) > 1:
+            for g in gs:
+                g.show_machine = True
 
     for g in groups.values():
         # Repeats: same seed and same settings -> the newest run.
@@ -362,6 +408,18 @@ def group_runs(runs: Iterable[RunRecord]) -> tuple[list[Group], list[str]]:
             g.notes.append(f"{g.describe()}: runs averaged together differ in {'; '.join(differ)}")
 
     return sorted(groups.values(), key=_group_order), skipped
+
+
+def _tables(groups: Iterable[Group]) -> dict[tuple, list[Group]]:
+    """The groups of each table: (budget, setting, IR) -> groups."""
+    tables: dict[tuple, list[Group]] = {}
+    for g in groups:
+        tables.setdefault((g.budget, g.setting, g.imbalance_ratio), []).append(g)
+    return tables
+
+
+def _machine_rank(device: str, precision: str) -> tuple:
+    return (device == UNKNOWN, device, precision == UNKNOWN, precision)
 
 
 def _setting_rank(s: str) -> tuple:
@@ -392,7 +450,7 @@ def _budget_rank(b: str) -> tuple:
 
 def _group_order(g: Group) -> tuple:
     return (_budget_rank(g.budget), _setting_rank(g.setting), g.imbalance_ratio, _row_order(g.method, g.buffer_size),
-            _col_order(g.dataset, g.n_tasks))
+            _machine_rank(g.device, g.precision), _col_order(g.dataset, g.n_tasks))
 
 
 # --------------------------------------------------------------------------- output
@@ -417,24 +475,24 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
     if metric == "acc":
         out.append("[paper X] is the published number (mean of 5 runs); "
                    "[paper X, N tasks] where the paper used another number of tasks.")
-    tables: dict[tuple, list[Group]] = {}
-    for g in groups:
-        tables.setdefault((g.budget, g.setting, g.imbalance_ratio), []).append(g)
-    for (budget, setting, ir), gs in sorted(
-            tables.items(), key=lambda kv: (_budget_rank(kv[0][0]), _setting_rank(kv[0][1]), kv[0][2])):
+    for (budget, setting, ir), gs in sorted_tables(groups):
         cols = sorted({(g.dataset, g.n_tasks) for g in gs}, key=lambda c: _col_order(*c))
-        rows = sorted({(g.method, g.buffer_size) for g in gs}, key=lambda r: _row_order(*r))
-        by_key = {(g.method, g.buffer_size, g.dataset, g.n_tasks): g for g in gs}
+        rows = sorted({(g.method, g.buffer_size, g.device, g.precision, g.label) for g in gs},
+                      key=lambda r: (_row_order(r[0], r[1]), _machine_rank(r[2], r[3])))
+        by_key = {(g.method, g.buffer_size, g.device, g.precision, g.dataset, g.n_tasks): g for g in gs}
         header = ["Buffer", "Method"]
         for d, n in cols:
             header += [f"{_dataset_header(d, n)} Class-IL", f"{_dataset_header(d, n)} Task-IL"]
-        title = f"## {setting}, IR {_fmt_ir(ir)}" + ("" if budget == "full protocol" else f" ({budget})")
-        out += ["", title, "",
+        machines = sorted({(g.device, g.precision) for g in gs}, key=lambda m: _machine_rank(*m))
+        where = (f"Ran on {machine_text(*machines[0])}." if len(machines) == 1 else
+                 f"Ran on {len(machines)} machines: each row's [device, precision] says where; runs made on "
+                 f"different ones are never averaged or paired.")
+        out += ["", table_title(budget, setting, ir), "", where, "",
                 "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for method, buf in rows:
-            line = ["-" if buf is None else str(buf), method]
+        for method, buf, device, precision, label in rows:
+            line = ["-" if buf is None else str(buf), label]
             for d, n in cols:
-                g = by_key.get((method, buf, d, n))
+                g = by_key.get((method, buf, device, precision, d, n))
                 # The paper's numbers sit beside the full protocol only: a cheaper budget is
                 # compared within its own table.
                 pc, pt = (PAPER_RESULTS.get((setting, ir, d, method, buf), (None, None))
@@ -445,10 +503,11 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
             out.append("| " + " | ".join(line) + " |")
         paired = paired_lines(gs, metric)
         if paired:
-            out += ["", f"Paired with {REFERENCE}: its {metric.upper()} minus the row's, mean ± standard error over the "
-                        f"seeds both ran (higher on k of n seeds); rows sharing fewer than {MIN_PAIRS} seeds left out.",
-                    ""] + paired
-        notes = [note for g in gs for note in g.notes] + _tuned_lr_notes(gs)
+            out += ["", f"Paired with {REFERENCE}: its {metric.upper()} minus the row's over the n seeds both ran "
+                        f"(on one machine): the mean difference, its 95% interval (Student's t, n-1 degrees of "
+                        f"freedom), and on how many seeds {REFERENCE} is higher; rows sharing fewer than {MIN_PAIRS} "
+                        f"seeds left out.", ""] + paired
+        notes = [note for g in gs for note in g.notes] + _tuned_lr_notes(gs) + _unknown_machine_notes(gs)
         if notes:
             out += [""] + [f"- note: {note}" for note in notes]
     skipped = list(skipped)
@@ -457,32 +516,104 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
     return "\n".join(out) + "\n"
 
 
+def sorted_tables(groups: Iterable[Group]) -> list[tuple[tuple, list[Group]]]:
+    """((budget, setting, IR), its groups) in the report's order."""
+    return sorted(_tables(groups).items(),
+                  key=lambda kv: (_budget_rank(kv[0][0]), _setting_rank(kv[0][1]), kv[0][2]))
+
+
+def table_title(budget: str, setting: str, ir: float) -> str:
+    return f"## {setting}, IR {_fmt_ir(ir)}" + ("" if budget == "full protocol" else f" ({budget})")
+
+
+def _unknown_machine_notes(groups: list[Group]) -> list[str]:
+    n_device = sum(len(g.runs) for g in groups if g.device == UNKNOWN)
+    n_precision = sum(len(g.runs) for g in groups if g.precision == UNKNOWN)
+    notes = []
+    if n_device:
+        notes.append(f"{n_device} run(s) record no device (no pbr.device tag, train.device auto): read as "
+                     f"'device unknown', kept apart from runs whose device is known")
+    if n_precision:
+        notes.append(f"{n_precision} run(s) record no precision (train.precision auto, no resolved.precision tag): "
+                     f"read as 'precision unknown', kept apart from runs whose precision is known")
+    return notes
+
+
 REFERENCE = "PBR"  # the row every other is paired with: PBR at its defaults
 MIN_PAIRS = 2
 
 
-def _paired(a: dict[str, float], b: dict[str, float]) -> tuple[float, float, int, int] | None:
-    """(mean of a - b, its standard error, seeds where a > b, seeds) over the common seeds."""
+def _t_within(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with integer df: the finite series of Abramowitz & Stegun 26.7.3/4
+    (exact, no scipy needed)."""
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:
+        term = total = math.cos(theta)  # cos θ + (2/3) cos³θ + (2·4)/(3·5) cos⁵θ + ..., up to cos^(df-2)
+        for j in range(1, (df - 1) // 2):
+            term *= 2 * j / (2 * j + 1) * c2
+            total += term
+        return 2 / math.pi * (theta + (math.sin(theta) * total if df > 1 else 0.0))
+    term = total = 1.0  # 1 + (1/2) cos²θ + (1·3)/(2·4) cos⁴θ + ..., up to cos^(df-2)
+    for j in range(df // 2 - 1):
+        term *= (2 * j + 1) / (2 * j + 2) * c2
+        total += term
+    return math.sin(theta) * total
+
+
+@functools.lru_cache(maxsize=None)
+def t_quantile(df: int, level: float = 0.95) -> float:
+    """The two-sided `level` critical value of Student's t with `df` degrees of freedom
+    (t_{0.975, df} for 0.95): bisection on the exact distribution function."""
+    if df < 1:
+        raise ValueError(f"t_quantile: df = {df}, needs at least 1")
+    lo, hi = 0.0, 1.0
+    while _t_within(hi, df) < level:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_within(mid, df) < level else (lo, mid)
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class Paired:
+    """PBR minus a row over the seeds both ran."""
+
+    mean: float
+    low: float   # the 95% interval: mean ± t_{0.975, n-1} · sd / √n
+    high: float
+    wins: int    # seeds where PBR is higher
+    n: int       # seeds both ran
+
+    def text(self) -> str:
+        return f"{self.mean:+.2f}, 95% CI [{self.low:+.2f}, {self.high:+.2f}] (higher on {self.wins} of n={self.n})"
+
+
+def _paired(a: dict[str, float], b: dict[str, float]) -> Paired | None:
+    """a - b over the seeds both have; None under MIN_PAIRS of them."""
     d = [a[s] - b[s] for s in sorted(a.keys() & b.keys())]
     if len(d) < MIN_PAIRS:
         return None
-    return statistics.fmean(d), statistics.stdev(d) / len(d) ** 0.5, sum(x > 0 for x in d), len(d)
+    mean, half = statistics.fmean(d), t_quantile(len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
+    return Paired(mean, mean - half, mean + half, sum(x > 0 for x in d), len(d))
 
 
 def paired_lines(groups: list[Group], metric: str = "acc") -> list[str]:
     """One line per row of the table that shares seeds with PBR's row of the same dataset and
     buffer: PBR minus the row, Class-IL and Task-IL."""
     lines = []
-    refs = {(g.dataset, g.n_tasks, g.buffer_size): g for g in groups if g.method == REFERENCE}
-    for g in sorted(groups, key=lambda g: (_col_order(g.dataset, g.n_tasks), _row_order(g.method, g.buffer_size))):
-        ref = refs.get((g.dataset, g.n_tasks, g.buffer_size))
+    refs = {(g.dataset, g.n_tasks, g.buffer_size, g.device, g.precision): g for g in groups if g.method == REFERENCE}
+    for g in sorted(groups, key=lambda g: (_col_order(g.dataset, g.n_tasks), _row_order(g.method, g.buffer_size),
+                                           _machine_rank(g.device, g.precision))):
+        ref = refs.get((g.dataset, g.n_tasks, g.buffer_size, g.device, g.precision))
         if ref is None or g is ref:
             continue
         cells = []
         for mode, name in (("class_il", "Class-IL"), ("task_il", "Task-IL")):
             p = _paired(ref.by_seed(mode, metric), g.by_seed(mode, metric))
             if p is not None:
-                cells.append(f"{name} {p[0]:+.2f} ± {p[1]:.2f} ({p[2]} of {p[3]})")
+                cells.append(f"{name} {p.text()}")
         if cells:
             lines.append(f"- {REFERENCE} - {g.describe()}: {'; '.join(cells)}")
     return lines
@@ -527,6 +658,7 @@ def csv_rows(groups: list[Group], metric: str = "acc") -> list[dict[str, str]]:
             "paper_class_il": _num(pc), "paper_task_il": _num(pt), "metric": metric,
             "n_tasks": "" if g.n_tasks is None else str(g.n_tasks),
             "paper_n_tasks": "" if g.paper_n_tasks() is None else str(g.paper_n_tasks()),
+            "device": g.device, "precision": g.precision,
         })
     return rows
 

@@ -42,10 +42,12 @@ RUNS = [
 ]
 
 
-def _add_run(client, exp_id, params, metrics, status, complete, t):
+def _add_run(client, exp_id, params, metrics, status, complete, t, tags=None):
+    """A run as the pipeline records it: the train stage tags the device it resolved (pbr.device)."""
     from mlflow.entities import Metric, Param
 
-    run = client.create_run(exp_id, start_time=t, tags={"pbr.complete": "true"} if complete else {})
+    tags = {"pbr.device": "cpu", **({"pbr.complete": "true"} if complete else {}), **(tags or {})}
+    run = client.create_run(exp_id, start_time=t, tags=tags)
     client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in {**BASE, **params}.items()],
                      metrics=[Metric(k, float(v), t, 0) for k, v in metrics.items()])
     if status != "RUNNING":
@@ -64,7 +66,34 @@ def store(tmp_path_factory):
         _add_run(client, exp_id, params, metrics, status, complete, 1_700_000_000_000 + i)
     empty = client.create_experiment("empty", artifact_location=(tmp / "artifacts2").as_uri())
     _add_run(client, empty, {"method.name": "pbr", "seed": "0"}, {"class_il.acc": 1}, "FINISHED", False, 1)
+    machines = client.create_experiment("machines", artifact_location=(tmp / "artifacts3").as_uri())
+    for i, (params, tags, metrics) in enumerate(MACHINE_RUNS):
+        _add_run(client, machines, params, metrics, "FINISHED", True, 1_700_000_000_000 + i, tags)
     return uri
+
+
+AUTO = {"train.device": "auto", "train.precision": "auto"}
+CPU, CUDA = {"pbr.device": "cpu", "resolved.precision": "fp32"}, {"pbr.device": "cuda", "resolved.precision": "bf16"}
+# One cell (ordered, IR 0.01, CIFAR-10, buffer 200) run on a CPU in fp32, on a GPU in bf16 (auto
+# resolves to each), on a GPU in fp32 (asked for), and once where nothing says which device.
+MACHINE_RUNS = [  # (params over BASE, tags, metrics)
+    ({**AUTO, "method.name": "pbr", "seed": "0"}, CPU, {"class_il.acc": 50, "task_il.acc": 88}),
+    ({**AUTO, "method.name": "pbr", "seed": "1"}, CPU, {"class_il.acc": 54, "task_il.acc": 90}),
+    # from before the pbr.device tag, with train.device cpu: a CPU run
+    ({"train.device": "cpu", "train.precision": "fp32", "method.name": "pbr", "seed": "2"}, {"pbr.device": ""},
+     {"class_il.acc": 52, "task_il.acc": 92}),
+    ({**AUTO, "method.name": "pbr", "seed": "0"}, CUDA, {"class_il.acc": 60, "task_il.acc": 91}),
+    ({**AUTO, "method.name": "pbr", "seed": "1"}, {**CUDA, "pbr.device": "cuda:0"}, {"class_il.acc": 64, "task_il.acc": 93}),
+    ({"train.device": "cuda", "train.precision": "fp32", "method.name": "pbr", "seed": "0"}, {"pbr.device": "cuda"},
+     {"class_il.acc": 70, "task_il.acc": 95}),
+    # no tag and train.device auto: the device is unknown
+    ({**AUTO, "method.name": "pbr", "seed": "3"}, {"pbr.device": "", "resolved.precision": "fp32"},
+     {"class_il.acc": 10, "task_il.acc": 20}),
+    ({**AUTO, "method.name": "er", "seed": "0"}, CPU, {"class_il.acc": 40, "task_il.acc": 80}),
+    ({**AUTO, "method.name": "er", "seed": "1"}, CPU, {"class_il.acc": 46, "task_il.acc": 84}),
+    ({**AUTO, "method.name": "er", "seed": "0"}, CUDA, {"class_il.acc": 41, "task_il.acc": 81}),
+    ({**AUTO, "method.name": "er", "seed": "1"}, CUDA, {"class_il.acc": 43, "task_il.acc": 85}),
+]
 
 
 @pytest.fixture
@@ -103,6 +132,8 @@ def test_markdown_layout(env):
     text = report.run().text
     lines = text.splitlines()
     i = lines.index("## ordered, IR 0.01")
+    assert lines[i + 2] == "Ran on cpu, fp32."
+    i += 2  # the table starts two lines further down
     assert lines[i + 2] == ("| Buffer | Method | Seq-CIFAR-10-LT (5 tasks) Class-IL "
                             "| Seq-CIFAR-10-LT (5 tasks) Task-IL |")
     assert lines[i + 3] == "|---|---|---|---|"
@@ -114,7 +145,7 @@ def test_markdown_layout(env):
     assert i + 8 == len(lines) or not lines[i + 8].startswith("|")  # one row per method, no more
     j = lines.index("## shuffled, IR 0.1")
     assert j > i
-    assert lines[j + 4] == "| 200 | PBR | 60.00 ± 0.00 (n=1) [paper 59.33] | 88.00 ± 0.00 (n=1) [paper 87.99] |"
+    assert lines[j + 6] == "| 200 | PBR | 60.00 ± 0.00 (n=1) [paper 59.33] | 88.00 ± 0.00 (n=1) [paper 87.99] |"
 
 
 def test_csv_written_atomically_with_one_row_per_group(env, tmp_path):
@@ -132,7 +163,8 @@ def test_csv_written_atomically_with_one_row_per_group(env, tmp_path):
     assert pbr == {"budget": "full protocol", "setting": "ordered", "imbalance_ratio": "0.01", "dataset": "cifar10", "method": "PBR",
                    "buffer_size": "200", "n_runs": "3", "class_il_mean": "53.0000", "class_il_std": "3.6056",
                    "task_il_mean": "90.0000", "task_il_std": "2.0000", "paper_class_il": "51.0000",
-                   "paper_task_il": "89.9900", "metric": "acc", "n_tasks": "5", "paper_n_tasks": "5"}
+                   "paper_task_il": "89.9900", "metric": "acc", "n_tasks": "5", "paper_n_tasks": "5",
+                   "device": "cpu", "precision": "fp32"}
     sgd = next(r for r in rows if r["method"] == "SGD")
     assert sgd["buffer_size"] == "" and sgd["n_runs"] == "1" and sgd["class_il_std"] == "0.0000"
     shuffled = next(r for r in rows if r["setting"] == "shuffled")
@@ -288,13 +320,14 @@ def test_auto_precision_is_read_as_what_the_machine_chose():
 
 def test_pbr_is_paired_with_every_row_on_the_seeds_both_ran(env):
     """PBR 50, 52, 57 / 88, 90, 92 against ER 40, 44 / 85, 86 (seeds 0, 1): differences 10 and 8
-    (mean 9, std sqrt 2, se 1) and 3 and 4 (mean 3.5, se 0.5). PBR (random) shares one seed, SGD
-    no buffer: neither is paired."""
+    (mean 9, std sqrt 2, se 1; t_{0.975,1} = 12.706: 9 ± 12.71) and 3 and 4 (mean 3.5, se 0.5:
+    3.5 ± 6.35). PBR (random) shares one seed, SGD no buffer: neither is paired."""
     text = report.run().text
     table = text.split("## ordered, IR 0.01")[1].split("## shuffled")[0]
     paired = [line for line in table.splitlines() if line.startswith("- PBR - ")]
     assert paired == ["- PBR - ER, buffer 200, Seq-CIFAR-10-LT (5 tasks): "
-                      "Class-IL +9.00 ± 1.00 (2 of 2); Task-IL +3.50 ± 0.50 (2 of 2)"]
+                      "Class-IL +9.00, 95% CI [-3.71, +21.71] (higher on 2 of n=2); "
+                      "Task-IL +3.50, 95% CI [-2.85, +9.85] (higher on 2 of n=2)"]
     assert "## shuffled" in text and "- PBR - " not in text.split("## shuffled")[1]
 
 
@@ -314,7 +347,73 @@ def test_pairs_match_seeds_and_average_a_seeds_runs_of_differing_settings():
             RunRecord("e0-500", {**er, "seed": "0", "method.buffer_size": "500"}, {"class_il.acc": 1.0}),
             RunRecord("e1-500", {**er, "seed": "1", "method.buffer_size": "500"}, {"class_il.acc": 1.0})]
     groups, _ = report.group_runs(runs)
-    # Class-IL: 30 - 32 = -2, 36 - 30 = +6: mean +2, std sqrt(32), se 4; PBR higher on 1 of 2.
-    # Task-IL: +10 and +10: se 0.
+    # Class-IL: 30 - 32 = -2, 36 - 30 = +6: mean +2, std sqrt(32), se 4, 12.706 * 4 = 50.82;
+    # PBR higher on 1 of 2. Task-IL: +10 and +10: std 0, an interval of width 0.
     assert report.paired_lines(groups) == ["- PBR - ER, buffer 200, Seq-CIFAR-10-LT (5 tasks): "
-                                           "Class-IL +2.00 ± 4.00 (1 of 2); Task-IL +10.00 ± 0.00 (2 of 2)"]
+                                           "Class-IL +2.00, 95% CI [-48.82, +52.82] (higher on 1 of n=2); "
+                                           "Task-IL +10.00, 95% CI [+10.00, +10.00] (higher on 2 of n=2)"]
+
+
+def test_t_quantile_matches_the_printed_tables_and_scipy():
+    # Student's t 0.975 quantiles as printed in any table (3 decimals), and the normal limit.
+    for df, printed in {1: 12.706, 2: 4.303, 4: 2.776, 9: 2.262, 29: 2.045, 120: 1.980}.items():
+        assert round(report.t_quantile(df), 3) == printed
+    assert 1.959 < report.t_quantile(100_000) < 1.961
+    stats = pytest.importorskip("scipy.stats")
+    for df in range(1, 61):
+        assert math.isclose(report.t_quantile(df), stats.t.ppf(0.975, df), rel_tol=1e-9)
+    assert math.isclose(report.t_quantile(7, 0.90), stats.t.ppf(0.95, 7), rel_tol=1e-9)
+
+
+def test_paired_interval_over_five_seeds():
+    """Differences 1, 2, 3, 4, 10: mean 4, sd sqrt(50/4) = 3.5355, se 1.5811, t_{0.975,4} = 2.7764:
+    half-width 4.3899, interval [-0.39, 8.39]; PBR higher on all 5."""
+    ref = {str(s): 50.0 + d for s, d in enumerate((1, 2, 3, 4, 10))}
+    p = report._paired(ref, {str(s): 50.0 for s in range(5)})
+    assert (p.n, p.wins, p.mean) == (5, 5, 4.0)
+    assert math.isclose(p.low, 4 - 4.3899, abs_tol=1e-4) and math.isclose(p.high, 4 + 4.3899, abs_tol=1e-4)
+    assert report._paired({"0": 1.0}, {"0": 0.0}) is None  # one seed: no interval
+
+
+def test_runs_of_one_cell_on_two_machines_are_rows_of_their_own(env):
+    """Means by hand, each over its own machine's runs only: PBR cpu 50, 54, 52 -> 52 ± 2 (the
+    tagless run with train.device cpu joins it), cuda bf16 60, 64 -> 62 ± 2.83; ER cpu 40, 46 -> 43;
+    ER cuda 41, 43 -> 42. Averaged across machines PBR would read 59.2 over 5."""
+    rep = report.run(experiment="machines", csv_path=None)
+    rows = {line.split(" | ")[1]: line for line in rep.text.splitlines() if line.startswith("| 200 |")}
+    assert list(rows) == ["ER [cpu, fp32]", "ER [cuda, bf16]", "PBR [cpu, fp32]", "PBR [cuda, bf16]",
+                          "PBR [cuda, fp32]", "PBR [device unknown, fp32]"]
+    assert rows["PBR [cpu, fp32]"] == "| 200 | PBR [cpu, fp32] | 52.00 ± 2.00 (n=3) [paper 51.00] | " \
+                                      "90.00 ± 2.00 (n=3) [paper 89.99] |"
+    assert rows["PBR [cuda, bf16]"].startswith("| 200 | PBR [cuda, bf16] | 62.00 ± 2.83 (n=2) [paper 51.00] | "
+                                               "92.00 ± 1.41 (n=2)")
+    assert "| 70.00 ± 0.00 (n=1)" in rows["PBR [cuda, fp32]"]
+    assert "| 10.00 ± 0.00 (n=1)" in rows["PBR [device unknown, fp32]"]
+    assert "| 43.00 ± 4.24 (n=2)" in rows["ER [cpu, fp32]"] and "| 42.00 ± 1.41 (n=2)" in rows["ER [cuda, bf16]"]
+    assert "Ran on 4 machines" in rep.text
+    assert "1 run(s) record no device" in rep.text
+    # Paired within a machine only: cpu 50-40, 54-46 -> +9 (t 12.706 * se 1); cuda 60-41, 64-43 -> +20
+    # (se 1). PBR [cuda, fp32] and the unknown run share one seed with nothing of their machine.
+    paired = [line for line in rep.text.splitlines() if line.startswith("- PBR - ")]
+    assert paired == ["- PBR - ER [cpu, fp32], buffer 200, Seq-CIFAR-10-LT (5 tasks): "
+                      "Class-IL +9.00, 95% CI [-3.71, +21.71] (higher on 2 of n=2); "
+                      "Task-IL +7.00, 95% CI [-5.71, +19.71] (higher on 2 of n=2)",
+                      "- PBR - ER [cuda, bf16], buffer 200, Seq-CIFAR-10-LT (5 tasks): "
+                      "Class-IL +20.00, 95% CI [+7.29, +32.71] (higher on 2 of n=2); "
+                      "Task-IL +9.00, 95% CI [-3.71, +21.71] (higher on 2 of n=2)"]
+    rows = {(g.method, g.device, g.precision): g for g in rep.groups}
+    assert set(rows) == {("PBR", "cpu", "fp32"), ("PBR", "cuda", "bf16"), ("PBR", "cuda", "fp32"),
+                         ("PBR", "unknown", "fp32"), ("ER", "cpu", "fp32"), ("ER", "cuda", "bf16")}
+    assert [r.params["seed"] for r in rows["PBR", "cpu", "fp32"].runs] == ["0", "1", "2"]
+
+
+def test_a_table_on_one_machine_says_where_and_keeps_plain_labels():
+    p = {**BASE, "method.name": "pbr", "train.device": "auto", "train.precision": "bf16", "seed": "0"}
+    # b: another table (IR 0.1), precision auto without its resolved tag and no device: unknown on both
+    b = {**p, "train.precision": "auto", "data.imbalance_ratio": "0.1"}
+    groups, _ = report.group_runs([RunRecord("a", p, {"class_il.acc": 25.0}, 0, {"pbr.device": "cuda"}),
+                                   RunRecord("b", b, {"class_il.acc": 5.0})])
+    first, second = report.render_markdown(groups).split("## ordered, IR 0.1\n")
+    assert "Ran on cuda, bf16." in first and "| 200 | PBR | 25.00 ± 0.00 (n=1) [paper 51.00]" in first
+    assert "Ran on device unknown, precision unknown." in second and "| 200 | PBR | 5.00 ± 0.00 (n=1)" in second
+    assert "record no device" in second and "record no precision" in second and "record no" not in first
