@@ -7,7 +7,7 @@
 #
 # Usage (array indices start at 1; N = the array's size):
 #   export REPO=git@github.com:our-lab/pbr.git MLFLOW_TRACKING_URI=https://mlflow.our-lab.org
-#   export MLFLOW_TRACKING_USERNAME=alice MLFLOW_TRACKING_PASSWORD=...   # or from a file: README
+#   export MLFLOW_TRACKING_USERNAME=alice MLFLOW_TRACKING_PASSWORD=...   # or from a file: docs/team.md
 #   GRID=table2 SEEDS=5 sbatch --array=1-3 examples/slurm_sweep.sh
 # A re-queued array task runs its shard again: finished runs are not lost, the report counts a
 # repeated run once, and its experiments replace their earlier copies on the git remote.
@@ -23,7 +23,7 @@ set -euo pipefail
 : "${SLURM_ARRAY_TASK_ID:?submit it as an array job: sbatch --array=1-N examples/slurm_sweep.sh}"
 GRID=${GRID:-table2}      # a grid of `pbr sweep`
 SEEDS=${SEEDS:-5}
-JOBS=${JOBS:-4}           # runs at once on this machine (4 saturate one H200: README, Results)
+JOBS=${JOBS:-4}           # runs at once on this machine (4 saturate one H200: docs/benchmarks.md)
 BRANCH=${BRANCH:-main}    # every task must plan from the same commit, params.yaml and options
 SWEEP_ARGS=${SWEEP_ARGS:-}  # more options for every task alike, e.g. "--budget proxy -S data.root=/shared/data"
 K=$SLURM_ARRAY_TASK_ID

@@ -1,7 +1,7 @@
 """CPU threads for torch: `train.threads`, with `auto` sized to the work sharing the machine.
 
 Two processes each running torch with every core's worth of OpenMP threads slow each other down
-badly (README, Sweeps, has the figures). `auto` therefore divides the cores among the project's
+badly (docs/benchmarks.md has the figures). `auto` therefore divides the cores among the project's
 live training and scoring processes on the machine (`pbr train`, `pbr score`, however started:
 queue workers, two terminals, a `dvc exp run` beside a `dvc repro`), or among the live DVC queue
 workers when there are more of those. It is decided once, when the stage starts: a process
