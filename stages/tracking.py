@@ -9,6 +9,12 @@ killed stage is recognised by the next stage that starts (any pipeline) and mark
 The default store is sqlite at the repository root. `dvc exp run --queue` workers execute in
 copies under `<repo>/.dvc/tmp/exps/`; the store is anchored to `<repo>` so they all share it.
 `MLFLOW_TRACKING_URI` overrides the store (a `mlflow server`, for example).
+
+A server that cannot be reached (refused, unknown host, no answer within a couple of seconds) does
+not fail the user's training: the stage records to the offline store `<repo>/mlflow-offline/`
+instead, says so in one line, and `pbr import mlflow-offline` copies its runs to the server later
+(docs/offline.md). `PBR_OFFLINE=1` (or `MLFLOW_TRACKING_URI=offline`) records there without trying
+the server. A server that answers, even with 401/403, is used: its errors stay errors.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import hashlib
 import os
 import socket
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -26,10 +34,88 @@ from pbr.errors import UserError
 from stages.paths import anchor
 
 EXPERIMENT = "pbr"
+OFFLINE_DIR = "mlflow-offline"  # at the repository root, beside mlflow.db
+CONNECT_TIMEOUT_S = 2.0
+
+
+def offline_uri(cwd: Path | None = None) -> str:
+    return f"sqlite:///{anchor(cwd) / OFFLINE_DIR / 'mlflow.db'}"
+
+
+def _remote(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
 
 
 def tracking_uri(cwd: Path | None = None) -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{anchor(cwd) / 'mlflow.db'}"
+    """The store named by the environment; see recording_uri for the one a stage records to."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    forced = os.environ.get("PBR_OFFLINE", "").strip().lower() in ("1", "true", "yes")
+    if uri.lower() == "offline" or (forced and _remote(uri)):
+        return offline_uri(cwd)
+    return uri or f"sqlite:///{anchor(cwd) / 'mlflow.db'}"
+
+
+_UNREACHABLE: dict[tuple[str, int], str | None] = {}  # (host, port) -> why it cannot be reached
+
+
+def _connect_error(host: str, port: int, timeout: float) -> str | None:
+    """Why a TCP connection to host:port fails, None when it opens. Run in a thread: a name lookup
+    is not bound by the socket timeout and can hang for tens of seconds on an air-gapped node."""
+    found: list[str | None] = []
+
+    def attempt() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            found.append(None)
+        except socket.gaierror:
+            found.append(f"cannot resolve {host}")
+        except TimeoutError:
+            found.append(f"no answer within {timeout:g} s")
+        except OSError as e:  # refused, no route to host, network unreachable
+            found.append((e.strerror or type(e).__name__).lower())
+
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(timeout + 1.0)
+    return found[0] if found else f"no answer within {timeout + 1.0:g} s"
+
+
+def unreachable(uri: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
+    """Why the http(s) server of `uri` (or the proxy that requests would use for it) cannot be
+    reached, None when it can or `uri` names no server; checked once per process."""
+    import urllib.parse
+    import urllib.request
+
+    if not _remote(uri):
+        return None
+    u = urllib.parse.urlsplit(uri)
+    host, port = u.hostname or "", u.port or (443 if u.scheme == "https" else 80)
+    proxy = urllib.request.getproxies().get(u.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        p = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        host, port = p.hostname or "", p.port or 80
+    if (host, port) not in _UNREACHABLE:
+        _UNREACHABLE[host, port] = _connect_error(host, port, timeout)
+    return _UNREACHABLE[host, port]
+
+
+_ANNOUNCED: set[str] = set()
+
+
+def recording_uri(cwd: Path | None = None) -> str:
+    """The store a stage records to: tracking_uri, or the offline store when its server is unreachable."""
+    uri = tracking_uri(cwd)
+    why = unreachable(uri)
+    if why is None:
+        return uri
+    offline = offline_uri(cwd)
+    if uri not in _ANNOUNCED:
+        _ANNOUNCED.add(uri)
+        folder = anchor(cwd) / OFFLINE_DIR
+        where = OFFLINE_DIR if anchor(cwd) == Path.cwd().resolve() else str(folder)
+        print(f"MLflow server {uri} is unreachable ({why}): recording to the offline store {folder} instead; "
+              f"copy its runs to the server later with `pbr import {where}`", file=sys.stderr, flush=True)
+    return offline
 
 
 def experiment_name() -> str:
@@ -121,29 +207,32 @@ def existing_experiment_id(uri: str, name: str) -> str:
     return exp.experiment_id
 
 
-def _client():
+def open_experiment(uri: str, name: str):
+    """(client, experiment id) of experiment `name` in the store at `uri`, created if missing; a sqlite
+    store keeps its artifacts beside it (`mlartifacts/`), so the store's folder is self-contained."""
     import logging
 
     from mlflow import MlflowClient
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Creating initial database tables" per stage
 
-    uri = tracking_uri()
     with _creation_lock(uri):
         try:
             client = MlflowClient(tracking_uri=uri)
-            exp = client.get_experiment_by_name(experiment_name())
+            exp = client.get_experiment_by_name(name)
         except Exception as e:  # a store that cannot be opened fails in many ways
             raise UserError(store_error(uri, e, "check MLFLOW_TRACKING_URI or remove a corrupt mlflow.db")) from None
         if exp is None:
             artifacts = None
             if uri.startswith("sqlite:///"):
-                artifacts = (anchor() / "mlartifacts").as_uri()
+                db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+                folder = db.resolve().parent / "mlartifacts"
+                folder.mkdir(parents=True, exist_ok=True)  # there from the start: `pbr import` looks for it
+                artifacts = folder.as_uri()
             try:
-                exp_id = client.create_experiment(experiment_name(), artifact_location=artifacts,
-                                                  tags={KIND_TAG: KIND})
+                exp_id = client.create_experiment(name, artifact_location=artifacts, tags={KIND_TAG: KIND})
             except Exception:  # another process (a server's client) created it first
-                exp_id = client.get_experiment_by_name(experiment_name()).experiment_id
+                exp_id = client.get_experiment_by_name(name).experiment_id
         else:
             exp_id = exp.experiment_id
             if exp.tags.get(KIND_TAG) != KIND:  # a store made before the tag was set
@@ -151,10 +240,14 @@ def _client():
     return client, exp_id
 
 
+def _client():
+    return open_experiment(recording_uri(), experiment_name())
+
+
 def init_store() -> str:
     """Create the store and the experiment now (before parallel workers start); returns the URI."""
     _client()
-    return tracking_uri()
+    return recording_uri()
 
 
 def mark_killed(client, exp_id: str) -> list[str]:

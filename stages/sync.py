@@ -1,0 +1,278 @@
+"""`pbr import SOURCE`: copy the runs of another MLflow store into the project's store.
+
+For runs recorded where no tracking server was reachable (`pbr sweep --offline DIR`, or stages
+that fell back to `mlflow-offline/`): SOURCE is that folder copied back (mlflow.db and
+mlartifacts/), a .db file, or any MLflow tracking URI. A run is copied whole: params, tags, every
+metric's full history, status, start and end times, name and artifacts, so `pbr report` counts
+it as it counts a run recorded here (its FINISHED status and pbr.complete tag come along).
+
+Each copy carries its origin, the source run's id, in the tag pbr.imported_from: importing the
+same SOURCE again copies nothing new, and a source run that changed since (a later stage finished
+on it) replaces its copy. A copy is tagged pbr.importing until it is whole; the next import
+deletes one that an interrupted import left, and copies its run again. Runs still RUNNING in the
+source are skipped: they are unfinished there (or their process died there), a copy would stay
+RUNNING here for good, and `pbr report` would not count it anyway; once the run has finished, or
+the next stage on that machine has marked it KILLED, an import picks it up.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from pbr.errors import UserError
+from stages import tracking
+
+ORIGIN_TAG = "pbr.imported_from"      # the source run's id (its own origin when it was imported too)
+VERSION_TAG = "pbr.imported_version"  # the source run's status and end time when it was copied
+SOURCE_TAG = "pbr.imported_source"    # where it was imported from, for people
+PENDING_TAG = "pbr.importing"         # on a copy until it is whole
+UNFINISHED = ("RUNNING", "SCHEDULED")
+METRICS_PER_BATCH, PARAMS_TAGS_PER_BATCH = 1000, 100  # MLflow's log_batch limits
+SQLITE_HEADER = b"SQLite format 3\x00"
+FIX = ("give the folder copied back from the offline machine (it holds mlflow.db and mlartifacts/), "
+       "a .db file, or an MLflow tracking URI")
+
+
+@dataclass(frozen=True)
+class Source:
+    uri: str
+    folder: Path | None  # where copied artifact folders are looked for, for a local store
+    label: str
+
+
+@dataclass
+class Outcome:
+    target: str
+    imported: int = 0
+    replaced: int = 0
+    present: int = 0
+    skipped: int = 0
+
+    def summary(self) -> str:
+        runs = "run" if self.imported == 1 else "runs"
+        text = f"imported {self.imported} {runs} ({self.present} already present, {self.skipped} skipped) into {self.target}"
+        if self.replaced:
+            text += f"; {self.replaced} of them replaced an older copy"
+        return text + ("; nothing new" if self.imported == 0 else "")
+
+
+def _file_store(folder: Path) -> bool:
+    return (folder / "0" / "meta.yaml").is_file() or any(folder.glob("*/meta.yaml"))
+
+
+def _allow_file_store() -> None:
+    import os
+
+    # MLflow 3 refuses its file store (./mlruns) unless told; reading an old one to copy it is fine.
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+
+
+def _sqlite(db: Path, source: str) -> Source:
+    try:
+        with open(db, "rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except OSError as e:
+        raise UserError(f"SOURCE {source}: {db} cannot be read ({e.strerror}); check its permissions") from None
+    if head != SQLITE_HEADER:
+        raise UserError(f"SOURCE {source}: {db} is not an sqlite MLflow store; {FIX}")
+    db = db.resolve()
+    return Source(f"sqlite:///{db}", db.parent, source)
+
+
+def resolve_source(source: str) -> Source:
+    """The store SOURCE names: a folder holding mlflow.db (or an old ./mlruns file store), a .db
+    file, or a tracking URI. A one-line error when there is none."""
+    if "://" in source:
+        if source.startswith("sqlite:///"):
+            db = Path(source[len("sqlite:///"):].split("?", 1)[0])
+            if not db.is_file():
+                raise UserError(f"SOURCE {source}: no such file {db}; {FIX}")
+            return _sqlite(db, source)
+        if source.startswith("file:"):
+            _allow_file_store()
+            return Source(source, Path(urllib.parse.urlsplit(source).path), source)
+        return Source(source, None, source)
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise UserError(f"SOURCE {source}: no such file or folder; {FIX}")
+    if path.is_file():
+        return _sqlite(path, source)
+    if (path / "mlflow.db").is_file():
+        return _sqlite(path / "mlflow.db", source)
+    if _file_store(path):
+        _allow_file_store()
+        return Source(path.resolve().as_uri(), path.resolve(), source)
+    raise UserError(f"SOURCE {source}: the folder holds no mlflow.db; {FIX}")
+
+
+def _store_key(uri: str) -> str:
+    if uri.startswith("sqlite:///"):
+        return str(Path(uri[len("sqlite:///"):].split("?", 1)[0]).resolve())
+    return uri.rstrip("/")
+
+
+def _local_path(uri: str) -> Path | None:
+    """The path of a local artifact location, None for a remote one (s3:, mlflow-artifacts:, ...)."""
+    u = urllib.parse.urlsplit(uri)
+    if u.scheme == "file":
+        return Path(urllib.parse.unquote(u.path))
+    return Path(uri) if u.scheme == "" else None
+
+
+def _moved(path: Path, folder: Path | None, must: str) -> Path | None:
+    """`path` if it exists, else where it is now inside `folder` (the store's folder was copied from
+    another machine, so its absolute artifact paths point there): the longest tail of `path` that
+    exists under `folder` and contains the component `must`."""
+    if path.exists():
+        return path
+    if folder is None:
+        return None
+    parts = path.parts[1:]
+    for i in range(len(parts)):
+        tail = parts[i:]
+        if must in tail and (folder.joinpath(*tail)).is_dir():
+            return folder.joinpath(*tail)
+    return None
+
+
+def _open_source(src: Source, experiment: str):
+    import logging
+
+    from mlflow import MlflowClient
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    try:
+        client = MlflowClient(tracking_uri=src.uri)
+        exp = client.get_experiment_by_name(experiment)
+        names = [] if exp is not None else [e.name for e in client.search_experiments()]
+    except Exception as e:  # a store that cannot be opened fails in many ways
+        raise UserError("SOURCE: " + tracking.store_error(
+            src.uri, e, "check SOURCE (a store made by an older MLflow: `mlflow db upgrade` a copy of it)")) from None
+    if exp is None:
+        raise UserError(f"SOURCE {src.label} has no experiment '{experiment}' (it has: {', '.join(names) or 'none'}); "
+                        "pass --experiment NAME")
+    return client, exp
+
+
+def _search(client, exp_id: str, filter_string: str = "", order_by: list[str] | None = None) -> list:
+    found, token = [], None
+    while True:
+        page = client.search_runs([exp_id], filter_string=filter_string, max_results=1000, order_by=order_by,
+                                  page_token=token)
+        found.extend(page)
+        token = page.token
+        if not token:
+            return found
+
+
+def _copies(dst, exp_id: str, log: Callable[[str], None]) -> dict[str, tuple[str, str]]:
+    """Origin -> (run id, version) of the whole copies in the target; deletes those an interrupted
+    import left."""
+    for run in _search(dst, exp_id, f"tags.`{PENDING_TAG}` LIKE '%'"):
+        if ORIGIN_TAG not in run.data.tags:
+            dst.delete_run(run.info.run_id)
+            log(f"deleted {run.info.run_name}: an import cut short left it part-copied (it is copied again)")
+    return {r.data.tags[ORIGIN_TAG]: (r.info.run_id, r.data.tags.get(VERSION_TAG, ""))
+            for r in _search(dst, exp_id, f"tags.`{ORIGIN_TAG}` LIKE '%'")}
+
+
+def _original_here(dst, run_id: str) -> bool:
+    """Whether the target holds the run itself (it went out to SOURCE by an earlier import)."""
+    try:
+        return dst.get_run(run_id).info.lifecycle_stage == "active"
+    except Exception:  # MLflow raises for a run id it does not know
+        return False
+
+
+def _chunks(items: list, n: int):
+    for i in range(0, len(items), n):
+        yield items[i:i + n]
+
+
+def _artifacts(src_client, src: Source, run, tmp: Path) -> Path | None:
+    """A local folder holding the run's artifacts, None when it has none."""
+    path = _local_path(run.info.artifact_uri)
+    if path is not None:
+        return _moved(path, src.folder, run.info.run_id)
+    if not src_client.list_artifacts(run.info.run_id):
+        return None
+    tmp.mkdir(parents=True, exist_ok=True)
+    return Path(src_client.download_artifacts(run.info.run_id, "", dst_path=str(tmp)))
+
+
+def _copy_run(src_client, dst, exp_id: str, run, origin: str, version: str, label: str,
+              artifacts: Path | None) -> str:
+    from mlflow.entities import Metric, Param, RunTag
+
+    info, data = run.info, run.data
+    rid = dst.create_run(exp_id, start_time=info.start_time, tags={PENDING_TAG: origin},
+                         run_name=info.run_name).info.run_id
+    for chunk in _chunks([Param(k, v) for k, v in data.params.items()], PARAMS_TAGS_PER_BATCH):
+        dst.log_batch(rid, params=chunk)
+    history = [Metric(m.key, m.value, m.timestamp, m.step)
+               for key in data.metrics for m in src_client.get_metric_history(info.run_id, key)]
+    for chunk in _chunks(history, METRICS_PER_BATCH):
+        dst.log_batch(rid, metrics=chunk)
+    if artifacts is not None:
+        dst.log_artifacts(rid, str(artifacts))
+    dst.set_terminated(rid, info.status, end_time=info.end_time)
+    tags = [RunTag(k, v) for k, v in data.tags.items() if k not in (ORIGIN_TAG, VERSION_TAG, SOURCE_TAG, PENDING_TAG)]
+    for chunk in _chunks(tags, PARAMS_TAGS_PER_BATCH):
+        dst.log_batch(rid, tags=chunk)
+    # The origin last: a copy that has it is whole.
+    dst.log_batch(rid, tags=[RunTag(VERSION_TAG, version), RunTag(SOURCE_TAG, label), RunTag(ORIGIN_TAG, origin)])
+    dst.delete_tag(rid, PENDING_TAG)
+    return rid
+
+
+def import_runs(source: str, target_uri: str, experiment: str, with_artifacts: bool = True,
+                log: Callable[[str], None] = print) -> Outcome:
+    """Copy the runs of experiment `experiment` in SOURCE into the same experiment at `target_uri`."""
+    src = resolve_source(source)
+    if _store_key(src.uri) == _store_key(target_uri):
+        raise UserError(f"SOURCE {source} is the store it would import into ({target_uri}): pass --tracking-uri, or "
+                        "unset PBR_OFFLINE / MLFLOW_TRACKING_URI=offline")
+    for role, uri in (("SOURCE", src.uri), ("the target store", target_uri)):
+        why = tracking.unreachable(uri)
+        if why is not None:
+            raise UserError(f"{role} {uri} is unreachable ({why}): start the server, or check the address")
+    src_client, exp = _open_source(src, experiment)
+    runs = _search(src_client, exp.experiment_id, order_by=["attributes.start_time ASC"])
+    root = _local_path(exp.artifact_location)
+    if with_artifacts and runs and root is not None and _moved(root, src.folder, root.name) is None:
+        raise UserError(f"SOURCE {source}: its artifacts folder {root} is not here (nor under {src.folder}): copy "
+                        "mlartifacts/ along with mlflow.db and import again, or pass --no-artifacts")
+    dst, exp_id = tracking.open_experiment(target_uri, experiment)
+    copies = _copies(dst, exp_id, log)
+    out = Outcome(target_uri)
+    with tempfile.TemporaryDirectory(prefix="pbr-import-") as tmp:
+        for run in runs:
+            info = run.info
+            name = info.run_name or info.run_id
+            if info.status in UNFINISHED:
+                log(f"skipped {name} ({info.run_id}): still {info.status} in the source; import again once it "
+                    "has finished there")
+                out.skipped += 1
+                continue
+            origin = run.data.tags.get(ORIGIN_TAG) or info.run_id
+            version = f"{info.status}:{info.end_time}"
+            old = copies.get(origin)
+            if (old is not None and old[1] == version) or (old is None and _original_here(dst, origin)):
+                out.present += 1
+                continue
+            if old is not None:
+                dst.delete_run(old[0])
+                out.replaced += 1
+                log(f"replacing {name}: it changed in the source since it was imported")
+            files = _artifacts(src_client, src, run, Path(tmp) / info.run_id) if with_artifacts else None
+            _copy_run(src_client, dst, exp_id, run, origin, version, src.label, files)
+            if files is not None and Path(tmp) in files.parents:
+                shutil.rmtree(files, ignore_errors=True)
+            out.imported += 1
+            log(f"imported {name} ({info.status.lower()})")
+    return out

@@ -1,0 +1,323 @@
+"""`pbr import` and the offline fallback: runs recorded by the stage code into one sqlite store (or
+an unreachable server's offline store), copied into another, compared field by field."""
+
+import http.server
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pbr.errors import UserError
+from stages import report, sync, tracking
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
+
+PARAMS = {"method.name": "er", "method.buffer_size": 200, "data.dataset": "cifar10", "data.setting": "ordered",
+          "data.imbalance_ratio": 0.01, "data.n_tasks": 5, "train.epochs": 2, "seed": 0}
+STEPS = 1234  # train.loss points of the complete run: more than one log_batch of 1000
+ARTIFACT = bytes(range(256)) * 5
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """An empty sqlite store: MLflow takes seconds to create its tables, a copy takes milliseconds."""
+    from mlflow import MlflowClient
+
+    db = tmp_path_factory.mktemp("template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+    return db
+
+
+def _store(template: Path, folder: Path) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(template, folder / "mlflow.db")
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def _record(repo: Path) -> None:
+    """Three runs through tracking.stage_run in `repo`: a complete one (train then evaluate, a long
+    loss history, an artifact), a failed one, and one whose stage is still running."""
+    params_file = repo / "params.yaml"
+    params_file.write_text("seed: 0\n")
+    (repo / "accuracy.json").write_bytes(ARTIFACT)
+    with tracking.stage_run("train", PARAMS, params_file) as run:
+        run.log_series([(s, {"train.loss": 2.0 / (s + 1), "train.accuracy": s % 97}) for s in range(STEPS)])
+        run.log_artifact(repo / "accuracy.json", "train")
+    with tracking.stage_run("evaluate", PARAMS, params_file) as run:
+        run.log_metrics({"class_il.acc": 41.5, "task_il.acc": 80.25})
+        run.log_series([(t, {"class_il.final_task_acc": 10.0 * t}) for t in range(5)])
+        run.set_tags({"pbr.complete": "true"})
+    params_file.write_text("seed: 1\n")  # another pipeline key: a new run
+    with pytest.raises(RuntimeError), tracking.stage_run("train", {**PARAMS, "seed": 1}, params_file) as run:
+        run.log_metrics({"train.loss": 3.0}, step=0)
+        raise RuntimeError("out of memory")
+    client, exp_id = tracking._client()
+    client.create_run(exp_id, run_name="still-going", tags={"pbr.stage": "train"})
+
+
+@pytest.fixture(scope="module")
+def source(template, tmp_path_factory):
+    """The offline folder of a node, copied back to another path (so its stored artifact paths,
+    which are absolute, point to where it no longer is)."""
+    node = tmp_path_factory.mktemp("node") / "offline"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path_factory.mktemp("elsewhere"))
+        mp.setenv("MLFLOW_TRACKING_URI", _store(template, node))
+        _record(node)
+    home = tmp_path_factory.mktemp("home") / "offline"
+    shutil.move(node, home)
+    return home
+
+
+def _by_origin(uri: str) -> dict:
+    from mlflow import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.get_experiment_by_name("pbr")
+    return {r.data.tags[sync.ORIGIN_TAG]: r for r in c.search_runs([exp.experiment_id], max_results=1000)}
+
+
+def _history(uri: str, run) -> dict:
+    from mlflow import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    return {k: sorted((m.value, m.timestamp, m.step) for m in c.get_metric_history(run.info.run_id, k))
+            for k in run.data.metrics}
+
+
+def _files(uri: str, run, where: Path) -> dict[str, bytes]:
+    from mlflow import MlflowClient
+
+    return _tree(Path(MlflowClient(tracking_uri=uri).download_artifacts(run.info.run_id, "", dst_path=str(where))))
+
+
+def _tree(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in d.rglob("*") if p.is_file()}
+
+
+def _source_runs(folder: Path) -> list:
+    from mlflow import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
+    return c.search_runs([c.get_experiment_by_name("pbr").experiment_id], max_results=1000)
+
+
+def test_import_copies_every_field_and_report_counts_it(source, template, tmp_path):
+    target = _store(template, tmp_path / "project")
+    lines = []
+    t0 = time.time()
+    out = sync.import_runs(str(source), target, "pbr", log=lines.append)
+    seconds = time.time() - t0
+    assert out.summary().startswith("imported 2 runs (0 already present, 1 skipped)")
+    assert any(line.startswith("skipped still-going") and "RUNNING" in line for line in lines)
+    src_uri = f"sqlite:///{source / 'mlflow.db'}"
+    copies = _by_origin(target)
+    src = {r.info.run_id: r for r in _source_runs(source)}
+    assert set(copies) == {i for i, r in src.items() if r.info.status != "RUNNING"}
+    for origin, copy in copies.items():
+        s = src[origin]
+        assert copy.info.run_id != origin
+        assert copy.data.params == s.data.params
+        extra = {sync.ORIGIN_TAG, sync.VERSION_TAG, sync.SOURCE_TAG}
+        assert {k: v for k, v in copy.data.tags.items() if k not in extra} == s.data.tags
+        assert copy.data.tags[sync.SOURCE_TAG] == str(source)
+        assert (copy.info.status, copy.info.start_time, copy.info.end_time, copy.info.run_name) == \
+               (s.info.status, s.info.start_time, s.info.end_time, s.info.run_name)
+        assert _history(target, copy) == _history(src_uri, s)
+        # The source's stored artifact paths name the node's folder: read them where they were copied.
+        assert _files(target, copy, tmp_path / "dst" / origin) == _tree(source / "mlartifacts" / origin / "artifacts")
+    done = next(c for c in copies.values() if c.info.status == "FINISHED")
+    assert len(_history(target, done)["train.loss"]) == STEPS
+    assert _files(target, done, tmp_path / "check") == {"train/accuracy.json": ARTIFACT}
+    # The artifacts now live beside the project's store, not in the copied-back folder.
+    assert (tmp_path / "project" / "mlartifacts").is_dir()
+    assert [r.metrics["class_il.acc"] for r in report.collect_runs(target, "pbr")] == [41.5]
+    assert "41.50" in report.run(tracking_uri=target, csv_path=None).text
+    print(f"imported 2 runs ({STEPS * 2 + 12} metric points, 1 artifact) in {seconds:.2f} s")
+
+
+def test_a_second_import_copies_nothing_new(source, template, tmp_path):
+    target = _store(template, tmp_path / "project")
+    sync.import_runs(str(source), target, "pbr", log=lambda m: None)
+    before = _by_origin(target)
+    # The same folder, copied once more to another place, is still the same runs.
+    again = tmp_path / "copy2"
+    shutil.copytree(source, again)
+    out = sync.import_runs(str(again / "mlflow.db"), target, "pbr", log=lambda m: None)
+    assert out.summary().startswith("imported 0 runs (2 already present, 1 skipped)")
+    assert out.summary().endswith("nothing new")
+    after = _by_origin(target)
+    assert {o: r.info.run_id for o, r in after.items()} == {o: r.info.run_id for o, r in before.items()}
+
+
+def test_a_run_that_changed_in_the_source_replaces_its_copy(source, template, tmp_path):
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    folder = tmp_path / "offline"
+    shutil.copytree(source, folder)
+    target = _store(template, tmp_path / "project")
+    sync.import_runs(str(folder), target, "pbr", log=lambda m: None)
+    failed = next(r for r in _source_runs(folder) if r.info.status == "FAILED")
+    # Its stage is run again on the node and records more (the next import happens after that).
+    c = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
+    c.log_batch(failed.info.run_id, metrics=[Metric("train.loss", 1.5, 1, 1)])
+    c.set_terminated(failed.info.run_id, "FINISHED", end_time=failed.info.end_time + 1000)
+    out = sync.import_runs(str(folder), target, "pbr", log=lambda m: None)
+    assert (out.imported, out.replaced, out.present) == (1, 1, 1)
+    copy = _by_origin(target)[failed.info.run_id]  # active runs only: the old copy is deleted
+    now = c.get_run(failed.info.run_id)
+    assert (copy.info.status, copy.info.end_time) == ("FINISHED", failed.info.end_time + 1000)
+    assert _history(target, copy) == _history(f"sqlite:///{folder / 'mlflow.db'}", now)
+    assert len(_history(target, copy)["train.loss"]) == 2
+
+
+def test_an_import_cut_short_is_deleted_and_copied_again(source, template, tmp_path):
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    target = _store(template, tmp_path / "project")
+    done = next(r for r in _source_runs(source) if r.info.status == "FINISHED")
+    # What an import killed after the first metric batch leaves: a copy without its origin tag.
+    c, exp_id = tracking.open_experiment(target, "pbr")
+    part = c.create_run(exp_id, tags={sync.PENDING_TAG: done.info.run_id}, run_name=done.info.run_name)
+    c.log_batch(part.info.run_id, metrics=[Metric("train.loss", 2.0, 1, 0)])
+    lines = []
+    out = sync.import_runs(str(source), target, "pbr", log=lines.append)
+    assert out.imported == 2 and any(line.startswith(f"deleted {done.info.run_name}") for line in lines)
+    assert MlflowClient(tracking_uri=target).get_run(part.info.run_id).info.lifecycle_stage == "deleted"
+    copy = _by_origin(target)[done.info.run_id]
+    assert len(_history(target, copy)["train.loss"]) == STEPS and sync.PENDING_TAG not in copy.data.tags
+
+
+def test_an_old_file_store_imports_too(template, tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    old = tmp_path / "mlruns"
+    c = MlflowClient(tracking_uri=old.as_uri())
+    run = c.create_run(c.create_experiment("pbr"), run_name="old")
+    for step in range(3):
+        c.log_metric(run.info.run_id, "train.loss", 1.0 / (step + 1), step=step, timestamp=100 + step)
+    (tmp_path / "a.txt").write_text("x")
+    c.log_artifact(run.info.run_id, str(tmp_path / "a.txt"))
+    c.set_terminated(run.info.run_id)
+    target = _store(template, tmp_path / "project")
+    assert sync.import_runs(str(old), target, "pbr", log=lambda m: None).imported == 1
+    copy = _by_origin(target)[run.info.run_id]
+    assert _history(target, copy) == {"train.loss": [(1 / 3, 102, 2), (0.5, 101, 1), (1.0, 100, 0)]}
+    assert _files(target, copy, tmp_path / "dl") == {"a.txt": b"x"}
+
+
+def test_mistakes_are_one_line_errors(source, template, tmp_path):
+    target = _store(template, tmp_path / "project")
+    with pytest.raises(UserError, match="is the store it would import into"):
+        sync.import_runs(str(tmp_path / "project"), target, "pbr")
+    with pytest.raises(UserError, match="has no experiment 'other' \\(it has: .*pbr"):
+        sync.import_runs(str(source), target, "other")
+    bare = tmp_path / "bare"
+    shutil.copytree(source, bare, ignore=shutil.ignore_patterns("mlartifacts"))
+    with pytest.raises(UserError, match="mlartifacts.*--no-artifacts"):
+        sync.import_runs(str(bare), target, "pbr")
+    assert sync.import_runs(str(bare), target, "pbr", with_artifacts=False, log=lambda m: None).imported == 2
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda d: d / "missing", "no such file or folder"),
+    (lambda d: d, "holds no mlflow.db"),
+    (lambda d: _write(d / "notes.db", "not a database"), "is not an sqlite MLflow store"),
+])
+def test_cli_names_a_bad_source_in_one_line(tmp_path, make, says):
+    bad = make(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/target.db"}
+    r = subprocess.run([sys.executable, "-m", "stages.cli", "import", str(bad)], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and str(bad) in r.stderr and says in r.stderr
+    assert not (tmp_path / "target.db").exists()  # nothing created for a bad SOURCE
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fresh_process(monkeypatch):
+    """This process has not yet checked a server nor said anything (a stage's process is new)."""
+    monkeypatch.setattr(tracking, "_UNREACHABLE", {})
+    monkeypatch.setattr(tracking, "_ANNOUNCED", set())
+
+
+def test_an_unreachable_server_records_offline_then_imports(template, tmp_path, monkeypatch, capsys,
+                                                            fresh_process):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    monkeypatch.chdir(repo)
+    server = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
+    _store(template, repo / tracking.OFFLINE_DIR)
+    t0 = time.time()
+    _record(repo)
+    seconds = time.time() - t0
+    err = capsys.readouterr().err.splitlines()
+    said = [line for line in err if "unreachable" in line]
+    assert len(said) == 1  # four stage runs, one line
+    assert server in said[0] and "connection refused" in said[0] and "pbr import mlflow-offline" in said[0]
+    assert seconds < 30  # not MLflow's minutes of retries against the dead server
+    assert {r.info.status for r in _source_runs(repo / tracking.OFFLINE_DIR)} == {"FINISHED", "FAILED", "RUNNING"}
+    assert (repo / tracking.OFFLINE_DIR / "mlartifacts").is_dir()  # the folder holds the whole record
+    target = _store(template, tmp_path / "server")  # the server's store, reachable again
+    assert sync.import_runs(tracking.OFFLINE_DIR, target, "pbr", log=lambda m: None).imported == 2
+    assert [r.metrics["class_il.acc"] for r in report.collect_runs(target, "pbr")] == [41.5]
+
+
+def test_offline_switches(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    offline = f"sqlite:///{tmp_path / tracking.OFFLINE_DIR / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "offline")
+    assert tracking.tracking_uri() == offline
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
+    monkeypatch.setenv("PBR_OFFLINE", "1")
+    assert tracking.tracking_uri() == offline == tracking.recording_uri()
+    # A local store named explicitly (`pbr sweep --offline DIR` sets one) is kept.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/elsewhere.db")
+    assert tracking.tracking_uri() == f"sqlite:///{tmp_path}/elsewhere.db"
+
+
+class _Refuses(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(401)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_server_that_refuses_credentials_stays_an_error(tmp_path, monkeypatch, fresh_process):
+    monkeypatch.chdir(tmp_path)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuses)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{httpd.server_address[1]}")
+        with pytest.raises(UserError, match="MLFLOW_TRACKING_USERNAME"):
+            tracking.init_store()
+    finally:
+        httpd.shutdown()
+    assert not (tmp_path / tracking.OFFLINE_DIR).exists()
