@@ -69,17 +69,28 @@ def report(
     tracking_uri: str | None = typer.Option(
         None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite mlflow.db at the repository root)."),
     markdown: Path | None = typer.Option(None, "--markdown", help="Also write the tables to this file."),
+    figures: Path = typer.Option(Path("reports/report"), "--figures", help="Folder of the figures (one PNG per table)."),
+    log: bool = typer.Option(True, "--log/--no-log", help="Log the figures, CSV and tables to MLflow experiment "
+                                                          "<experiment>-report (one run per report)."),
 ) -> None:
-    """The paper's tables from finished runs in MLflow: mean ± std over seeds, paper numbers beside."""
+    """The paper's tables from finished runs in MLflow: mean ± std over seeds, paper numbers beside,
+    PBR paired with each row (95% interval); a figure per table (docs/report.md)."""
     from stages import report as stage
     from stages.tracking import experiment_name
 
-    out = stage.run(tracking_uri=tracking_uri, experiment=experiment or experiment_name(), metric=metric, csv_path=csv,
-                    markdown_path=markdown)
+    exp = experiment or experiment_name()
+    out = stage.run(tracking_uri=tracking_uri, experiment=exp, metric=metric, csv_path=csv,
+                    markdown_path=markdown, figures_dir=figures, log_mlflow=log)
     typer.echo(out.text, nl=False)
     if out.csv_path is not None:
         typer.echo(f"\nwrote {out.csv_path}" + (f" and {out.markdown_path}" if out.markdown_path else ""),
                    err=True)
+    for path in out.figures:
+        typer.echo(f"wrote {path}", err=True)
+    if out.mlflow_run is not None:
+        typer.echo(f"logged to MLflow experiment '{stage.report_experiment(exp)}', run {out.mlflow_run}", err=True)
+    for line in out.warnings:
+        typer.echo(f"warning: {line}", err=True)
 
 
 @app.command()

@@ -180,6 +180,9 @@ class Report:
     groups: list[Group]
     csv_path: Path | None = None
     markdown_path: Path | None = None
+    figures: list[Path] = field(default_factory=list)  # one PNG per table
+    mlflow_run: str | None = None  # the run of REPORT_EXPERIMENT holding this report's files
+    warnings: list[str] = field(default_factory=list)  # one line each, for stderr
 
 
 # --------------------------------------------------------------------------- labels
@@ -676,9 +679,63 @@ def no_runs_message(tracking_uri: str, experiment: str) -> str:
             f"produce some with `dvc repro` (or `dvc exp run`), then run `pbr report` again.")
 
 
+def report_experiment(experiment: str) -> str:
+    """Where `pbr report` logs its files: an experiment of its own beside the runs' (pbr -> pbr-report),
+    so the report's runs are never rows of a table nor clutter the training runs' charts."""
+    return f"{experiment}-report"
+
+
+def log_to_mlflow(uri: str, experiment: str, rep: Report, metric: str) -> str:
+    """One run of report_experiment(experiment) holding the figures, the CSV and the markdown;
+    returns its id."""
+    import datetime
+
+    from mlflow import MlflowClient
+
+    from stages.tracking import KIND, KIND_TAG
+
+    client = MlflowClient(tracking_uri=uri)
+    name = report_experiment(experiment)
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        where = None  # a sqlite store keeps its artifacts beside it, as the pipeline's runs do
+        if uri.startswith("sqlite:///"):
+            where = (Path(uri[len("sqlite:///"):].split("?", 1)[0]).parent / "mlartifacts").resolve().as_uri()
+        exp_id = client.create_experiment(name, artifact_location=where, tags={KIND_TAG: KIND})
+    else:
+        exp_id = exp.experiment_id
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    n_runs = sum(len(g.runs) for g in rep.groups)
+    r = client.create_run(exp_id, run_name=f"report {metric} {now}",
+                          tags={"pbr.report": "true", "pbr.report.source": experiment,
+                                "mlflow.note.content": f"`pbr report --metric {metric}` over {n_runs} runs of "
+                                                       f"experiment '{experiment}' (docs/report.md)"})
+    from mlflow.entities import Param
+
+    client.log_batch(r.info.run_id, params=[Param("metric", metric), Param("experiment", experiment),
+                                            Param("n_runs", str(n_runs)), Param("n_rows", str(len(rep.groups)))])
+    for path in rep.figures:
+        client.log_artifact(r.info.run_id, str(path), "figures")
+    client.log_text(r.info.run_id, rep.text, "report.md")
+    if rep.csv_path is not None:
+        client.log_artifact(r.info.run_id, str(rep.csv_path))
+    client.set_terminated(r.info.run_id, "FINISHED")
+    return r.info.run_id
+
+
+def figure_tables(groups: list[Group], metric: str) -> list[tuple[str, list[Group], bool]]:
+    """(title, groups, paper marks?) per table: the paper's numbers sit beside the full protocol's
+    accuracy only, as in the printed tables."""
+    return [(table_title(*key), gs, metric == "acc" and key[0] == "full protocol")
+            for key, gs in sorted_tables(groups)]
+
+
 def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, metric: str = "acc",
-        csv_path: Path | None = DEFAULT_CSV, markdown_path: Path | None = None) -> Report:
-    """Build the report; write the CSV (and markdown file) when there are runs. Prints nothing."""
+        csv_path: Path | None = DEFAULT_CSV, markdown_path: Path | None = None,
+        figures_dir: Path | None = None, log_mlflow: bool = False) -> Report:
+    """Build the report; write the CSV (and markdown file, and a PNG per table under `figures_dir`)
+    when there are runs, and with `log_mlflow` log them to report_experiment(experiment). Prints
+    nothing."""
     if metric not in METRICS:
         raise UserError(f"--metric {metric}: not one of {', '.join(METRICS)}")
     uri = tracking_uri or _default_uri()
@@ -694,5 +751,18 @@ def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, m
         write_csv(groups, Path(csv_path), metric)
     if markdown_path is not None:
         artifacts.write_text(Path(markdown_path), text)
-    return Report(text, groups, Path(csv_path) if csv_path is not None else None,
-                  Path(markdown_path) if markdown_path is not None else None)
+    rep = Report(text, groups, Path(csv_path) if csv_path is not None else None,
+                 Path(markdown_path) if markdown_path is not None else None)
+    if figures_dir is not None:
+        from stages.report_figures import write_figures
+
+        rep.figures = write_figures(figure_tables(groups, metric), metric, Path(figures_dir))
+    if log_mlflow:
+        try:
+            rep.mlflow_run = log_to_mlflow(uri, experiment, rep, metric)
+        except Exception as e:  # the report is made; a store that refuses writes must not lose it
+            from stages.tracking import store_error
+
+            rep.warnings.append("not logged to MLflow: " + store_error(
+                uri, e, f"the report's files are on disk; run with --no-log to skip logging"))
+    return rep

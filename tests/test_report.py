@@ -299,6 +299,9 @@ def test_cli(env, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "## ordered, IR 0.01" in r.stdout and "| 200 | PBR | 53.00 ± 3.61 (n=3) [paper 51.00]" in r.stdout
     assert (tmp_path / "reports" / "report.csv").is_file() and "Traceback" not in r.stderr
+    assert "wrote reports/report/ordered-ir-0.01-acc.png" in r.stderr
+    assert (tmp_path / "reports" / "report" / "shuffled-ir-0.1-acc.png").is_file()
+    assert "logged to MLflow experiment 'pbr-report', run " in r.stderr
     # no store at all: the message, exit 0, and no mlflow.db created
     r = subprocess.run([sys.executable, "-m", "stages.cli", "report", "--tracking-uri", f"sqlite:///{tmp_path}/x.db"],
                        cwd=tmp_path, env=e, capture_output=True, text=True, timeout=120)
@@ -417,3 +420,98 @@ def test_a_table_on_one_machine_says_where_and_keeps_plain_labels():
     assert "Ran on cuda, bf16." in first and "| 200 | PBR | 25.00 ± 0.00 (n=1) [paper 51.00]" in first
     assert "Ran on device unknown, precision unknown." in second and "| 200 | PBR | 5.00 ± 0.00 (n=1)" in second
     assert "record no device" in second and "record no precision" in second and "record no" not in first
+
+
+def _drawn(fig) -> dict[str, dict]:
+    """What each panel of a report figure shows: its row labels, and the (x, y) points of each gid."""
+    panels = {}
+    for ax in fig.axes:
+        if not ax.get_title():
+            continue
+        got = {"rows": [t.get_text() for t in ax.get_yticklabels()]}
+        for line in ax.get_lines():
+            got[line.get_gid()] = list(zip(line.get_xdata(), line.get_ydata()))
+        for coll in ax.collections:
+            got[coll.get_gid()] = [(float(s[0][0]), float(s[1][0]), float(s[0][1])) for s in coll.get_segments()]
+        panels[ax.get_title()] = got
+    return panels
+
+
+def test_the_figure_draws_the_table_and_marks_the_papers_numbers(env):
+    from stages.report_figures import SEED_OFFSET, table_figure
+
+    rep = report.run(csv_path=None)
+    (title, gs, paper), shuffled = report.figure_tables(rep.groups, "acc")
+    assert (title, paper) == ("## ordered, IR 0.01", True)
+    panels = _drawn(table_figure(title, gs, "acc", paper))
+    assert set(panels) == {"Seq-CIFAR-10-LT (5 tasks): Class-IL", "Seq-CIFAR-10-LT (5 tasks): Task-IL"}
+    c, t = panels["Seq-CIFAR-10-LT (5 tasks): Class-IL"], panels["Seq-CIFAR-10-LT (5 tasks): Task-IL"]
+    assert c["rows"] == ["SGD", "ER · 200", "PBR (random) · 200", "PBR · 200"]  # the table's rows, in order
+    assert c["mean"] == [(19, 0), (42, 1), (45, 2), (53, 3)]
+    assert c["paper"] == [(19.62, 0), (39.14, 1), (44.77, 2), (51.00, 3)]
+    assert t["paper"] == [(72.65, 0), (85.72, 1), (82.50, 2), (89.99, 3)]
+    # PBR's three seeds beside its row, and its bar one std (sqrt 13) either side of 53
+    assert sorted(x for x, y in c["seeds"] if y == 3 + SEED_OFFSET) == [50, 52, 57]
+    (lo, hi, y), = [s for s in c["spread"] if s[2] == 3]
+    assert math.isclose(lo, 53 - math.sqrt(13)) and math.isclose(hi, 53 + math.sqrt(13))
+    # another metric: no paper marks, as the printed table has none
+    (title, gs, paper), _ = report.figure_tables(rep.groups, "bwt")
+    panels = _drawn(table_figure(title, gs, "bwt", paper))
+    assert not paper and all("paper" not in p for p in panels.values())
+    assert panels["Seq-CIFAR-10-LT (5 tasks): Class-IL"]["mean"] == [(-12, 3)]  # only PBR logged a BWT
+
+
+def test_paper_marks_only_where_the_paper_has_a_number():
+    """JOINT has no Task-IL number, PNN no Class-IL one, PBR at lr 0.03 and the proxy budget none."""
+    from stages.report_figures import table_figure
+
+    p = {**BASE, "seed": "0", "train.device": "cpu"}
+    proxy = {"model.width": "8", "train.epochs": "[4, 8, 16, 40, 80]", "method.reservoir": "first_epoch"}
+    runs = [RunRecord("j", {**p, "method.name": "joint"}, {"class_il.acc": 70.0, "task_il.acc": 90.0}),
+            RunRecord("n", {**p, "method.name": "pnn"}, {"class_il.acc": 10.0, "task_il.acc": 80.0}),
+            RunRecord("l", {**p, "method.name": "pbr", "train.lr": "0.03"}, {"class_il.acc": 40.0, "task_il.acc": 85.0}),
+            RunRecord("x", {**p, **proxy, "method.name": "pbr"}, {"class_il.acc": 30.0, "task_il.acc": 75.0})]
+    groups, _ = report.group_runs(runs)
+    (full, fgs, fpaper), (proxy_title, pgs, ppaper) = report.figure_tables(groups, "acc")
+    panels = _drawn(table_figure(full, fgs, "acc", fpaper))
+    c, t = panels["Seq-CIFAR-10-LT (5 tasks): Class-IL"], panels["Seq-CIFAR-10-LT (5 tasks): Task-IL"]
+    assert c["rows"] == ["JOINT", "PNN", "PBR (lr 0.03) · 200"]
+    assert c["paper"] == [(70.36, 0)] and t["paper"] == [(84.72, 1)]
+    assert c["mean"] == [(70, 0), (40, 2)]  # PNN's Class-IL is "-" in the table: nothing drawn
+    assert (proxy_title, ppaper) == ("## ordered, IR 0.01 (proxy)", False)
+    assert all("paper" not in p for p in _drawn(table_figure(proxy_title, pgs, "acc", ppaper)).values())
+
+
+def test_one_png_per_table_written_atomically_and_logged_to_mlflow(env, tmp_path):
+    from mlflow import MlflowClient
+
+    from stages.report_figures import write_figures
+
+    rep = report.run(figures_dir=tmp_path / "fig", log_mlflow=True)
+    assert rep.figures == [tmp_path / "fig" / "ordered-ir-0.01-acc.png", tmp_path / "fig" / "shuffled-ir-0.1-acc.png"]
+    assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == [p.name for p in rep.figures]  # no temp file
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in rep.figures)
+    client = MlflowClient(tracking_uri=env)
+    run = client.get_run(rep.mlflow_run)
+    assert client.get_experiment(run.info.experiment_id).name == "pbr-report" and run.info.status == "FINISHED"
+    assert run.data.params["n_runs"] == "8" and run.data.tags["pbr.report.source"] == "pbr"
+    assert sorted(f.path for f in client.list_artifacts(rep.mlflow_run, "figures")) == \
+        ["figures/ordered-ir-0.01-acc.png", "figures/shuffled-ir-0.1-acc.png"]
+    assert {f.path for f in client.list_artifacts(rep.mlflow_run)} >= {"report.md", "report.csv"}
+    # the report's own run is no row of the next report
+    assert [len(g.runs) for g in report.run(csv_path=None).groups] == [len(g.runs) for g in rep.groups]
+    # a table gone from the report takes its figure with it
+    ordered = report.figure_tables(rep.groups, "acc")[:1]
+    assert write_figures(ordered, "acc", tmp_path / "fig") == rep.figures[:1]
+    assert sorted((tmp_path / "fig").iterdir()) == rep.figures[:1]
+
+
+def test_a_store_that_refuses_the_report_run_is_a_warning(env, tmp_path, monkeypatch):
+    def refuse(*a, **k):
+        raise PermissionError("403 Forbidden")
+
+    monkeypatch.setattr(report, "log_to_mlflow", refuse)
+    rep = report.run(csv_path=tmp_path / "r.csv", log_mlflow=True)
+    assert rep.mlflow_run is None and (tmp_path / "r.csv").is_file()
+    (w,) = rep.warnings
+    assert w.startswith("not logged to MLflow") and "MLFLOW_TRACKING_USERNAME" in w and "\n" not in w
