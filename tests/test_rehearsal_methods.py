@@ -151,3 +151,27 @@ def test_hal_refuses_a_buffer_smaller_than_its_tasks_in_one_line():
 
     with pytest.raises(UserError, match=r"method.buffer_size = 1 leaves HAL's per-task ring empty"):
         _setup("hal", n_classes=4, n_tasks=2, buffer_size=1)
+
+
+# Mammoth utils/best_args.py @5bb9275, transcribed by hand: (lr, and the method's own keys) per
+# dataset and buffer size (-1: every buffer). The published best is what `auto` promises.
+BEST_ARGS = {
+    ("sgd", "cifar10", 200): {"lr": 0.1},  # seq-cifar10 sgd {-1: lr 0.1}
+    ("sgd", "tinyimagenet", 200): {"lr": 0.03},  # seq-tinyimg sgd {-1: lr 0.03}
+    ("sgd", "cifar100", 500): {"lr": 0.03},  # seq-cifar100 sgd {-1: lr 0.03}
+    ("hal", "cifar10", 200): {"lr": 0.03, "hal_lambda": 0.2, "hal_beta": 0.5, "hal_gamma": 0.1},
+    ("hal", "cifar10", 500): {"lr": 0.03, "hal_lambda": 0.1, "hal_beta": 0.3, "hal_gamma": 0.1},
+    ("hal", "cifar10", 5120): {"lr": 0.03, "hal_lambda": 0.1, "hal_beta": 0.3, "hal_gamma": 0.1},
+    ("gem", "cifar10", 500): {"lr": 0.03, "margin": 0.5},  # Mammoth's gamma
+    ("gss", "cifar10", 5120): {"lr": 0.03},
+}
+
+
+def test_auto_settings_are_mammoths_best_args():
+    from pbr.methods import METHODS
+
+    for (name, dataset, buffer), expected in BEST_ARGS.items():
+        opts, sources = METHODS[name].options(dataset, buffer)
+        got = {k: getattr(opts, k) for k in expected}
+        assert got == expected, (name, dataset, buffer)
+        assert all("best_args" in sources[k] for k in expected), (name, dataset, buffer, sources)

@@ -14,6 +14,10 @@ uniform noise, 100 SGD steps minimise  -CE(theta_m(e), c) + CE(theta(e), c)
 an anchor is a point of class c that a step on the memory would forget most, kept near the data.
 The anchor search runs the networks in eval mode (Mammoth runs single images through train-mode
 BatchNorm).
+
+Replay draws from the filled slots only. Mammoth's ring buffer (utils/ring_buffer.py @5bb9275)
+draws from every slot: it counts a slot as filled when its label is not -1, but its labels start
+at 0, so until the rings fill it also replays blank images labelled class 0, a bug not copied here.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ class HAL(ContinualMethod):
     best = (
         Best("cifar10", 200, {"lr": 0.03, "hal_lambda": 0.2, "hal_beta": 0.5, "hal_gamma": 0.1}, f"{MAMMOTH} seq-cifar10"),
         Best("cifar10", 500, {"lr": 0.03, "hal_lambda": 0.1, "hal_beta": 0.3, "hal_gamma": 0.1}, f"{MAMMOTH} seq-cifar10"),
-        Best("cifar10", 5120, {"lr": 0.03, "hal_lambda": 0.1, "hal_beta": 0.5, "hal_gamma": 0.1}, f"{MAMMOTH} seq-cifar10"),
+        Best("cifar10", 5120, {"lr": 0.03, "hal_lambda": 0.1, "hal_beta": 0.3, "hal_gamma": 0.1}, f"{MAMMOTH} seq-cifar10"),
     )
 
     def __init__(self, net, ctx, opts) -> None:
