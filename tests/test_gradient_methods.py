@@ -1,4 +1,4 @@
-"""GEM's QP projection, A-GEM's projection, and both methods' steps and memories."""
+"""GEM's QP projection, A-GEM's projection, both methods' steps and memories, and GSS's rules."""
 
 import pytest
 import torch
@@ -60,6 +60,24 @@ def test_memory_holds_equal_shares_per_task(name):
     assert torch.bincount(method.buffer.tasks[: len(method.buffer)]).tolist() == [3, 3, 3]
 
 
+def test_gem_memory_one_batch_per_task_whatever_the_capacity_as_mammoth():
+    """Mammoth's gem @5bb9275 stores one loader batch per task (8 samples here, the replay batch)
+    through its reservoir; the default splits the capacity: 40 // 3 = 13 per task."""
+    counts = {}
+    for memory in ("one_batch", "per_task"):
+        method, ctx = _setup("gem", n_classes=6, n_tasks=3, buffer_size=40, gem_memory=memory)
+        seen = _run_tasks(method, ctx, n_tasks=3)
+        n = len(method.buffer)
+        tasks, labels = method.buffer.tasks[:n], method.buffer.labels[:n]
+        counts[memory] = torch.bincount(tasks).tolist()
+        assert torch.equal(labels // 2, tasks)  # each task's slots hold its own classes
+        for t, (images, _) in enumerate(seen):  # distinct samples of that task
+            stored = method.buffer.images[:n][tasks == t]
+            assert all(any(torch.equal(s, im) for im in images) for s in stored)
+            assert torch.unique(stored.flatten(1), dim=0).shape[0] == stored.shape[0]
+    assert counts == {"one_batch": [8, 8, 8], "per_task": [13, 13, 13]}
+
+
 def test_gem_step_never_raises_an_old_tasks_memory_loss_to_first_order():
     """After task 0, each step's update lr * z (plain SGD) has z . g_old >= 0 for the old task's
     memory gradient; where the new task's gradient pointed against it, the constraint is active."""
@@ -108,6 +126,39 @@ def test_gss_replacement_lottery_on_hand_made_scores():
     assert method.place(held, 0.2, [0.5, 0.4]) == 0 and held == [0.2, 0.5]
     # r = 0.9 * 0.7 = 0.63 falls in slot 1's; 0.5 / (0.5 + 0.2) = 0.714 < 0.8: not stored.
     assert method.place(held, 0.2, [0.9, 0.8]) == 2 and held == [0.2, 0.5]
+
+
+def test_gss_mammoth_rule_gates_on_the_batch_score_on_hand_made_scores():
+    """Mammoth's rule: a batch scoring >= 1 stores nothing, even a sample of its own score 0.2; a
+    batch scoring < 1 lets a sample of score 1.5 into the lottery (the paper's rule never would)."""
+    method, _ = _setup("gss", buffer_size=2, gss_rule="mammoth")
+    held = [0.5, 0.5]
+    assert method.place(held, 0.2, [0.0, 0.0], batch_c=1.2) == 2 and held == [0.5, 0.5]
+    # r = 0.1 * 1.0 falls in slot 0's mass; kept as 0.1 < 0.5 / (0.5 + 1.5) = 0.25.
+    assert method.place(held, 1.5, [0.1, 0.1], batch_c=0.8) == 0 and held == [1.5, 0.5]
+    assert method.place([0.5, 0.5], 1.5, [0.1, 0.1]) == 2  # the paper's rule: c >= 1 never stored
+    filling = [0.5]
+    assert method.place(filling, 0.2, [0.0, 0.0], batch_c=0.7) == 1 and filling == [0.5, 0.7]  # the batch's score
+
+
+def test_gss_scores_stored_while_filling_are_the_batch_score_under_mammoths_rule():
+    from pbr.methods.gss import per_sample_grads, scores
+
+    kept = {}
+    for rule in ("paper", "mammoth"):
+        method, ctx = _setup("gss", buffer_size=8, gss_rule=rule, gss_subset=8)
+        images, labels = _task(0, n=8)
+        method.begin_task(0, images, labels)
+        method.begin_epoch(0)
+        method.offer(images[:4], labels[:4])
+        method.offer(images[4:], labels[4:])  # compared with all 4 stored (the subset holds them all)
+        kept[rule] = method.buffer.scores[4:8]
+        new = per_sample_grads(method.net, ctx.preprocess(images[4:]), labels[4:])
+        old = per_sample_grads(method.net, ctx.preprocess(images[:4]), labels[:4])
+        own, batch = scores(new, old), scores(new.mean(0, keepdim=True), old)
+    assert torch.allclose(kept["paper"], own, atol=1e-6) and own.max() - own.min() > 1e-4  # each sample its own
+    assert torch.allclose(kept["mammoth"], batch.expand(4), atol=1e-6)  # all the batch's
+    assert (own - batch).abs().min() > 1e-5
 
 
 def test_gss_per_sample_gradients_match_one_backward_per_sample():
