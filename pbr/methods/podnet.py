@@ -1,14 +1,20 @@
 """PODNet+ : PODNet (Douillard et al. 2020) with LT-CIL's second stage (Liu et al. 2022), the
-previous state of the art in long-tailed class-incremental learning (the paper's Table 1).
+previous state of the art in long-tailed class-incremental learning (the paper's Table 1). The
+reference is LT-CIL's code (github xialeiliu/Long-Tailed-CIL, src/approach/podnet_2stage.py).
 
 Stage 1, each task, on the task's data and the whole memory (as iCaRL):
 - a local similarity classifier (LSC): `proxies` vectors per class; a class's similarity is the
-  softmax-weighted mean of its proxies' cosines with the feature; the NCA loss with a margin,
-  eta * (sim - margin on the true class), hinged, its positive left out of the denominator.
-  PODNet learns eta from 1; with the hinge and two classes a task (Seq-CIFAR-10) a learned eta
-  only shrinks (measured: -2.9 after five tasks, every prediction then inverted), so eta is fixed
-  at `nca_scale` (10, the scale of this project's cosine heads). Old classes' proxies are frozen
+  softmax-weighted mean of its proxies' cosines with the feature. Old classes' proxies are frozen
   in later tasks, as LT-CIL's code does.
+- the classification loss (`nca`). "ltcil" (default): LT-CIL calls PODNet's nca() with its
+  defaults, which take the margin off every class (the code subtracts the scalar, not the one-hot
+  margins it builds), keep the positive in the denominator and do not hinge: plain cross-entropy
+  on eta * similarity, so `nca_margin` has no effect. "podnet_paper": the PODNet paper's LSC loss,
+  [-log(exp(eta (s_y - margin)) / sum_{c != y} exp(eta s_c))]_+ , the margin on the true class
+  only. LT-CIL learns eta (one scalar shared by the heads, from 1); here eta is fixed at
+  `nca_scale` (10, the scale of this project's cosine heads): with the paper's hinge and two
+  classes a task (Seq-CIFAR-10) a learned eta only shrank (measured: -2.9 after five tasks, every
+  prediction then inverted). A learned eta under the default loss was not measured.
 - from the second task on, distillation from the network of the previous task, weighted by
   sqrt(classes seen / new classes): pod_spatial x POD-spatial (each ResNet stage's squared
   activations summed over width and over height, L2-normalised per sample; the mean over stages
@@ -16,20 +22,24 @@ Stage 1, each task, on the task's data and the whole memory (as iCaRL):
 Memory: iCaRL's herding, capacity // classes seen per class (pbr/selection.py).
 Stage 2, after each task: the backbone and the proxies frozen, a learnable scale per class
 (learnable weight scaling) trained on class-balanced draws of the task's data and the memory,
-`lws_epochs` epochs of cross-entropy on eta * scale * similarity at a cosine-decayed lr. The authors' code also updates the
-newest head's proxies there and augments the images; here only the scales move, on features
-computed once. Prediction: the scaled similarities (the CNN classifier, not nearest-mean).
-Training uses the paper's common protocol (plain SGD at the run's lr), not PODNet's schedule.
-Also unlike the authors' code: new classes' proxies start random (PODNet imprints them from k-means
-of the new classes' features), herding runs on unnormalised features (as this project's iCaRL), and
-each stage 2 starts from the previous task's scales.
+`lws_epochs` epochs of cross-entropy on eta * scale * similarity at lr / `lws_lr_factor`,
+cosine-decayed. As in LT-CIL's code, the scales of every class seen so far are retrained after
+each task, each starting from where the previous stage 2 left it (a new class's from 1), and at
+the lr divided by its --lr-factor (10 in its CIFAR-100 script). LT-CIL builds that optimiser at
+the full lr and applies the divisor from the second epoch on; here every epoch runs at the
+divided lr. Prediction: the scaled similarities (the CNN classifier, not nearest-mean).
+Unlike the authors' code: its stage 2 also trains the newest head's proxies and eta (at the full
+lr) on augmented images with momentum 0.9 and weight decay; here only the scales move, with plain
+SGD, on features computed once. Training uses the paper's common protocol (plain SGD at the run's
+lr), not PODNet's schedule. New classes' proxies start random (PODNet imprints them from k-means
+of the new classes' features), and herding runs on unnormalised features (as this project's iCaRL).
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -43,11 +53,17 @@ SETTINGS = (
     Setting("pod_flat", float, 1.0, "PODNet: weight of the POD-flat distillation", non_negative, "a number >= 0"),
     Setting("proxies", int, 10, "PODNet: proxies per class of the local similarity classifier", positive,
             "a positive integer"),
-    Setting("nca_margin", float, 0.6, "PODNet: margin of the NCA loss", non_negative, "a number >= 0"),
+    Setting("nca", Literal["ltcil", "podnet_paper"], "ltcil",
+            "PODNet+: the classification loss, LT-CIL's call of the NCA (cross-entropy on eta x similarity) or the "
+            "PODNet paper's (the margin on the true class, the positive out of the denominator, hinged)"),
+    Setting("nca_margin", float, 0.6, "PODNet: margin of the NCA loss (read with nca: podnet_paper only)",
+            non_negative, "a number >= 0"),
     Setting("nca_scale", float, 10.0, "PODNet: scale eta of the similarities in the NCA loss", positive,
             "a positive number"),
     Setting("lws_epochs", int, 30, "PODNet+: epochs of the class-balanced weight-scaling stage (0: PODNet alone)",
             non_negative, "an integer >= 0"),
+    Setting("lws_lr_factor", float, 10.0, "PODNet+: the weight-scaling stage trains at lr / lws_lr_factor (LT-CIL's "
+            "--lr-factor, 10 in its CIFAR-100 script)", positive, "a positive number"),
 )
 
 
@@ -65,8 +81,14 @@ class LSC(nn.Module):
         return (F.softmax(s, dim=2) * s).sum(2)
 
 
-def nca_loss(sims: torch.Tensor, y: torch.Tensor, eta: float, margin: float) -> torch.Tensor:
-    """max(0, -log(exp(eta (s_y - margin)) / sum_{c != y} exp(eta s_c))), averaged."""
+def nca_loss(sims: torch.Tensor, y: torch.Tensor, eta: float, margin: float, form: str = "ltcil") -> torch.Tensor:
+    """Averaged over the batch. "ltcil": cross-entropy on eta * sims (LT-CIL's nca() call: the margin
+    taken off every class cancels). "podnet_paper":
+    max(0, -log(exp(eta (s_y - margin)) / sum_{c != y} exp(eta s_c)))."""
+    if form == "ltcil":
+        return F.cross_entropy(eta * sims, y)
+    if form != "podnet_paper":
+        raise ValueError(f"nca form must be ltcil or podnet_paper, got {form!r}")
     z = eta * (sims - margin * F.one_hot(y, sims.shape[1]).to(sims.dtype))
     pos = z.gather(1, y[:, None]).squeeze(1)
     neg = torch.logsumexp(z.masked_fill(F.one_hot(y, sims.shape[1]).bool(), float("-inf")), dim=1)
@@ -111,6 +133,12 @@ class PODNetPlus(ContinualMethod):
     predicts_with_net = False
     settings = SETTINGS
 
+    @classmethod
+    def reads(cls, key: str, settings: dict[str, Any]) -> bool:
+        if key == "nca_margin":  # LT-CIL's loss takes the margin off every class: it cancels (runs
+            return settings.get("nca") != "ltcil"  # recorded before `nca` existed had the paper's loss)
+        return super().reads(key, settings)
+
     def __init__(self, net, ctx, opts) -> None:
         super().__init__(net, ctx, opts)
         self.lsc = LSC(net.feature_dim, ctx.n_classes, opts.proxies).to(ctx.device)
@@ -133,7 +161,8 @@ class PODNetPlus(ContinualMethod):
         sims = self.lsc(h)
         out = torch.full_like(sims, float("-inf")).index_copy(1, seen, sims.index_select(1, seen))
         self.count(out, y)
-        loss = nca_loss(sims.index_select(1, seen), position(seen, y), self.opts.nca_scale, self.opts.nca_margin)
+        loss = nca_loss(sims.index_select(1, seen), position(seen, y), self.opts.nca_scale, self.opts.nca_margin,
+                        self.opts.nca)
         if self.teacher is not None:
             with torch.no_grad():
                 old_maps, old_h = stage_maps(self.teacher, x)
@@ -166,7 +195,7 @@ class PODNetPlus(ContinualMethod):
         with torch.no_grad():
             sims = self.lsc(feats)
         self.scales = weight_scaling(sims, labels, self.ctx.seen_classes(task), self.scales, self.opts.nca_scale,
-                                     self.opts.lws_epochs, self.opts.lr,
+                                     self.opts.lws_epochs, self.opts.lr / self.opts.lws_lr_factor,
                                      self.ctx.replay_batch_size, self.ctx.generator)
         self.teacher = copy.deepcopy(self.net).requires_grad_(False).eval()  # BatchNorm on its running statistics
         self.net.train(was_training)
