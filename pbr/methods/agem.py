@@ -6,7 +6,9 @@ g - (g . g_ref / g_ref . g_ref) g_ref, the closest gradient with no negative inn
 A-GEM's memory holds equal shares per task, filled at each task's end (the A-GEM paper's episodic
 memory; pbr/selection.py: per_task_memory). A-GEM-R is the same step over ER's online reservoir
 (Mammoth's `agem_r`). Mammoth's `agem` stores one batch per task through its reservoir instead;
-the per-task memory is the A-GEM paper's.
+the per-task memory is the A-GEM paper's. Both augment the memory batch of the reference gradient,
+as Mammoth's `agem` does; Mammoth's `agem_r` replays its batch un-augmented (models/agem_r.py
+@5bb9275 calls get_data without the transform), so A-GEM-R departs there, to match A-GEM's step.
 """
 
 from __future__ import annotations
