@@ -97,6 +97,7 @@ def run(cfg, log=print, tracker=None) -> dict:
     from pbr.data.augment import MEAN_STD, normalize
     from pbr.data.shards import load_manifest, read_split
     from pbr.errors import UserError
+    from pbr.methods import METHODS
     from stages.train import load_method, resolve_device
 
     manifest = load_manifest(paths.PREPARED)
@@ -112,10 +113,9 @@ def run(cfg, log=print, tracker=None) -> dict:
     T, bs = cfg.method.mc_samples, cfg.train.eval_batch_size
     final, saved = load_method(last, manifest, device, gen)
     dropout = cfg.score.dropout if cfg.score.dropout != "auto" else (saved["dropout"] or 0.1)
-    # auto: the temperature PBR's walk scores with (tau1 on s*cos, or tau1*s with method.mi_logits: cosine)
-    tau = cfg.score.temperature if cfg.score.temperature != "auto" else (
-        cfg.method.tau1 * (saved["scale"] if cfg.method.mi_logits == "cosine" else 1.0)
-        if saved["head"] == "cosine" else 1.0)
+    # auto: the method says, from the trained run's own settings (not today's params.yaml)
+    tau = cfg.score.temperature if cfg.score.temperature != "auto" else \
+        METHODS[saved["method"]].score_temperature(saved["settings"])
     counts = manifest["train_counts"]
     all_classes = torch.tensor(sorted(c for t in manifest["task_classes"] for c in t), device=device)
     fp = _fingerprint(last, T, tau, bs, dropout, cfg.seed, device)

@@ -124,7 +124,7 @@ def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
     task = {**_task("ordered", "cifar10", 0.01), "method.buffer_size": 200}
     for lr, row in ((0.03, "er-lr0.03"), (0.1, "er-lr0.1")):
         yield {**task, "method.name": "er", "train.lr": lr, "_row": row}
-    now_order, now_offset = _get(base, "method.buffer_order"), _get(base, "method.offset")
+    now_order, now_offset = (_pbr_value(base, k) for k in ("method.buffer_order", "method.offset"))
     for offset in ("class", "task"):
         for order in ("uncertain_first", "certain_first", "random"):
             if offset == now_offset and order in (now_order, "random"):
@@ -132,11 +132,7 @@ def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
             yield {**task, **_method("pbr", 200, order), "method.offset": offset,
                    "_row": f"pbr-{order.split('_')[0]}-{offset}"}
     for key, (short, values) in READINGS.items():
-        now = _get(base, key)
-        if now == "auto":  # PBR's own value
-            from pbr.methods import METHODS
-
-            now, _ = METHODS["pbr"].resolve(key.split(".")[1], "auto", "cifar10", 200)
+        now = _pbr_value(base, key)
         for v in values:
             if v != now:
                 text = str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else v
@@ -145,6 +141,19 @@ def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
     yield {**task, "method.name": "pbr", "method.buffer_order": "random", "_row": "pbr-random"}
     # The ablation's other reading: PBR's loss with the online reservoir the walk replaces.
     yield {**task, "method.name": "pbr", "method.sampling": "reservoir", "_row": "pbr-reservoir"}
+    # The paper as written, beside ours (docs/preregistration.md).
+    yield {**task, "method.name": "pbr", "method.preset": "paper", "_row": "pbr-literal"}
+
+
+def _pbr_value(base: dict, key: str) -> Any:
+    """params.yaml's value of a PBR key, "auto" read as PBR's own under params.yaml's preset."""
+    now = _get(base, key)
+    if now in ("auto", None):
+        from pbr.methods import METHODS
+
+        opts, _ = METHODS["pbr"].options("cifar10", 200, preset=_get(base, "method.preset") or "tuned")
+        now = getattr(opts, key.split(".")[1])
+    return now
 
 
 def _get(d: dict, dotted: str) -> Any:

@@ -153,7 +153,7 @@ def test_a_new_method_declares_its_settings_in_its_own_file(monkeypatch):
     MethodConfig = config._method_config()
     monkeypatch.setattr(config, "MethodConfig", MethodConfig)
     cfg = config._build(MethodConfig, {"name": "toy", "toy_strength": 3}, "method.", "params.yaml")
-    assert (cfg.name, cfg.toy_strength, cfg.tau1) == ("toy", 3.0, 1.0)
+    assert (cfg.name, cfg.toy_strength, cfg.tau2) == ("toy", 3.0, 2.0)
     with pytest.raises(ConfigError, match=r"method.toy_strength = -1 .* a positive number"):
         config._build(MethodConfig, {"toy_strength": -1}, "method.", "params.yaml")
 

@@ -134,6 +134,12 @@ class ContinualMethod:
         return None
 
     @classmethod
+    def score_temperature(cls, settings: dict[str, Any]) -> float:
+        """The softmax temperature of the MC-dropout probabilities when a run of this method is
+        scored (the score stage's `auto`), from the run's saved settings: 1, the logits as trained."""
+        return 1.0
+
+    @classmethod
     def setting_keys(cls) -> tuple[str, ...]:
         return tuple(s.key for s in cls.settings)
 
