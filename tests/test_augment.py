@@ -70,13 +70,25 @@ def test_normalize():
         normalize(x.float(), mean, std)
 
 
-def test_augment_is_crop_flip_then_normalize():
+def test_augment_is_a_padded_crop_and_flip_then_normalized():
+    """Each output image is one of the 9 x 9 x 2 padded crops (flipped or not) of its input, scaled
+    to [0, 1] and standardised per channel by hand; which one is drawn from the generator."""
     mean, std = MEAN_STD["tinyimagenet"]
     aug = Augment(mean, std, padding=4)
     x = _images(8, 64, seed=4)
     out = aug(x, _gen(9))
     assert out.dtype == torch.float32 and out.shape == x.shape
-    torch.testing.assert_close(out, normalize(random_crop_flip(x, 4, _gen(9)), mean, std))
+    m, s = torch.tensor(mean).view(3, 1, 1), torch.tensor(std).view(3, 1, 1)
+    drawn = []
+    for i in range(8):
+        padded = F.pad(x[i].float() / 255, (4, 4, 4, 4))  # zero padding, before standardising
+        crops = {(dy, dx, f): ((padded[:, dy:dy + 64, dx:dx + 64].flip(-1) if f else padded[:, dy:dy + 64, dx:dx + 64]) - m) / s
+                 for dy in range(9) for dx in range(9) for f in (False, True)}
+        hits = [k for k, c in crops.items() if torch.allclose(out[i], c, atol=1e-5)]
+        assert len(hits) == 1, (i, hits)
+        drawn.append(hits[0])
+    assert len(set(drawn)) > 1  # drawn per image, not once per batch
+    assert torch.equal(aug(x, _gen(9)), out) and not torch.equal(aug(x, _gen(10)), out)
 
 
 def test_constants():
