@@ -54,9 +54,6 @@ def _reads(params: dict[str, str], key: str) -> bool:
     return cls is not None and cls.reads(key.removeprefix("method."), settings)
 
 
-def _label(name: str) -> str:
-    cls = _method(name)
-    return cls.label if cls is not None else name
 SETTINGS = ("ordered", "shuffled")
 # Params that do not change a run's results: runs differing only in these are not flagged.
 IGNORED_PARAMS = frozenset({"seed", "data.root", "data.download", "data.shard_mb", "train.device",
@@ -189,17 +186,6 @@ class Report:
 
 # How a method setting that differs from its default reads in a row label, first to last (other
 # keys read "key value"); the online reservoir's rule is the budget's, not the row's.
-VARIANTS = {
-    "method.sampling": lambda v: "online reservoir" if v == "reservoir" else v,
-    "method.buffer_order": lambda v: {"random": "random", "certain_first": "certain-first",
-                                      "uncertain_first": "uncertain-first",
-                                      "uncertain_weighted": "uncertain-weighted"}.get(v, v),
-    "method.walk_candidate": lambda v: v, "method.walk_count": lambda v: f"N over {v}",
-    "method.offset": lambda v: f"per-{v} offset", "method.mi_logits": lambda v: f"MI at {v} scale",
-    "method.kl_classes": lambda v: f"KL over {v}", "method.imprint": lambda v: "imprint" if v == "True" else "no imprint",
-    "method.tau1": lambda v: f"tau1 {v}", "method.tau2": lambda v: f"tau2 {v}", "method.alpha": lambda v: f"alpha {v}",
-    "method.beta": lambda v: f"beta {v}", "method.replay_ce": lambda v: "no replay CE" if v == "False" else "replay CE",
-}
 
 
 
@@ -223,11 +209,11 @@ def resolved(params: dict[str, str]) -> dict[str, str]:
         return params
     out = dict(params)
     dataset, buffer = params.get("data.dataset", "cifar10"), int(params.get("method.buffer_size", "0") or 0)
+    # The method resolves its own "auto"s (a preset included), as it did when the run trained.
+    given = {s.key: params.get(f"method.{s.key}", s.default) for s in cls.settings}
+    opts, _ = cls.options(dataset, buffer, lr=params.get("train.lr", "auto"), **given)
     for key in ("train.lr", *(f"method.{k}" for k in cls.setting_keys())):
-        v = out.get(key, "auto")
-        if v == "auto":
-            v, _ = cls.resolve(key.split(".")[1], "auto", dataset, buffer)
-        out[key] = _canonical(v)
+        out[key] = _canonical(getattr(opts, key.split(".")[1]))
     return out
 
 
@@ -242,28 +228,33 @@ def _canonical(v) -> str:
 
 
 def method_label(params: dict[str, str]) -> str:
-    """The row label as the paper writes it: SGD, JOINT, ER, DER, DER++, PBR, plus variants,
-    e.g. "PBR (random)" (buffer_order random), "PBR (linear)" (model.head linear), a PBR reading
-    other than the default ("PBR (per-task offset)"), "ER (lr 0.03)" for a learning rate other
-    than the method's own (the paper ran every method at 0.03)."""
+    """The row label as the paper writes it: SGD, JOINT, ER, DER, DER++, PBR, plus the variants the
+    method names for its settings, e.g. "PBR (random)", "PBR (paper-literal)", then a head other
+    than the method's own ("PBR (linear)") and a learning rate other than its own ("ER (lr 0.03)";
+    the paper ran every method at 0.03)."""
     name = params.get("method.name", "")
-    params, defaults = resolved(params), resolved({**_schema_defaults(), "method.name": name,
-                                                   "data.dataset": params.get("data.dataset", "cifar10"),
-                                                   "method.buffer_size": params.get("method.buffer_size", "0")})
-    variants = []
     cls = _method(name)
-    keys = [f"method.{k}" for k in (cls.setting_keys() if cls else ()) if k != "reservoir"]
-    for key in sorted(keys, key=lambda k: list(VARIANTS).index(k) if k in VARIANTS else len(VARIANTS)):
-        if params.get(key, defaults.get(key)) != defaults.get(key):
-            variants.append(VARIANTS.get(key, lambda v, k=key: f"{k.split('.')[1]} {v}")(params[key]))
+    if cls is None:
+        return name
+    dataset, buffer = params.get("data.dataset", "cifar10"), params.get("method.buffer_size", "0")
+    # The method's own values under the run's own preset, so a preset reads as one word.
+    own = {**_schema_defaults(), "method.name": name, "data.dataset": dataset, "method.buffer_size": buffer}
+    for s in cls.settings:
+        if s.selects_defaults:
+            own[f"method.{s.key}"] = params.get(f"method.{s.key}", own.get(f"method.{s.key}"))
+    params, defaults = resolved(params), resolved(own)
+    for s in cls.settings:
+        if s.selects_defaults:
+            defaults[f"method.{s.key}"] = _canonical(s.default)
+    strip = lambda d: {k.removeprefix("method."): v for k, v in d.items() if k.startswith("method.")}  # noqa: E731
+    variants = cls.variant_labels(strip(params), strip(defaults))
     head = params.get("model.head", "auto")
-    default_head = "cosine" if name == "pbr" else "linear"
-    if head not in ("auto", default_head):
+    own_head, _ = cls.resolve("head", "auto", dataset, int(buffer or 0))
+    if head not in ("auto", own_head):
         variants.append(head)
-    if _method(name) is not None and params["train.lr"] != defaults["train.lr"]:
+    if params["train.lr"] != defaults["train.lr"]:
         variants.append(f"lr {float(params['train.lr']):g}")
-    label = _label(name)
-    return f"{label} ({', '.join(variants)})" if variants else label
+    return f"{cls.label} ({', '.join(variants)})" if variants else cls.label
 
 
 def budget_of(params: dict[str, str]) -> str:
@@ -433,12 +424,12 @@ def _row_order(method: str, buffer: int | None) -> tuple:
     base, _, variant = method.partition(" (")
     from pbr.methods import METHODS
 
-    names = [cls.label for cls in METHODS.values()]
+    classes = {cls.label: cls for cls in METHODS.values()}
+    names = list(classes)
     rank = names.index(base) if base in names else len(names)
-    if base == "PBR":  # the paper's order: Ours - Random, then Ours, then the ablations
-        vrank = {"random)": 0, "": 1}.get(variant, 2)
-    else:
-        vrank = 0 if not variant else 1
+    first = getattr(classes.get(base), "row_order", ()) or ("",)  # the method's own order of its variants
+    variant = variant.removesuffix(")")
+    vrank = first.index(variant) if variant in first else len(first)
     return (buffer is not None, buffer or 0, rank, base, vrank, variant)
 
 
@@ -506,9 +497,9 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
             out.append("| " + " | ".join(line) + " |")
         paired = paired_lines(gs, metric)
         if paired:
-            out += ["", f"Paired with {REFERENCE}: its {metric.upper()} minus the row's over the n seeds both ran "
+            out += ["", f"Paired with {_reference()}: its {metric.upper()} minus the row's over the n seeds both ran "
                         f"(on one machine): the mean difference, its 95% interval (Student's t, n-1 degrees of "
-                        f"freedom), and on how many seeds {REFERENCE} is higher; rows sharing fewer than {MIN_PAIRS} "
+                        f"freedom), and on how many seeds {_reference()} is higher; rows sharing fewer than {MIN_PAIRS} "
                         f"seeds left out.", ""] + paired
         notes = [note for g in gs for note in g.notes] + _tuned_lr_notes(gs) + _unknown_machine_notes(gs)
         if notes:
@@ -542,7 +533,13 @@ def _unknown_machine_notes(groups: list[Group]) -> list[str]:
     return notes
 
 
-REFERENCE = "PBR"  # the row every other is paired with: PBR at its defaults
+def _reference() -> str:
+    """The row every other is paired with: the paper's own method ("ours") at its defaults."""
+    from pbr.methods import METHODS
+
+    return next(cls.label for cls in METHODS.values() if cls.role == "ours")
+
+
 MIN_PAIRS = 2
 
 
@@ -606,7 +603,7 @@ def paired_lines(groups: list[Group], metric: str = "acc") -> list[str]:
     """One line per row of the table that shares seeds with PBR's row of the same dataset and
     buffer: PBR minus the row, Class-IL and Task-IL."""
     lines = []
-    refs = {(g.dataset, g.n_tasks, g.buffer_size, g.device, g.precision): g for g in groups if g.method == REFERENCE}
+    refs = {(g.dataset, g.n_tasks, g.buffer_size, g.device, g.precision): g for g in groups if g.method == _reference()}
     for g in sorted(groups, key=lambda g: (_col_order(g.dataset, g.n_tasks), _row_order(g.method, g.buffer_size),
                                            _machine_rank(g.device, g.precision))):
         ref = refs.get((g.dataset, g.n_tasks, g.buffer_size, g.device, g.precision))
@@ -618,7 +615,7 @@ def paired_lines(groups: list[Group], metric: str = "acc") -> list[str]:
             if p is not None:
                 cells.append(f"{name} {p.text()}")
         if cells:
-            lines.append(f"- {REFERENCE} - {g.describe()}: {'; '.join(cells)}")
+            lines.append(f"- {_reference()} - {g.describe()}: {'; '.join(cells)}")
     return lines
 
 

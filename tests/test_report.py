@@ -515,3 +515,25 @@ def test_a_store_that_refuses_the_report_run_is_a_warning(env, tmp_path, monkeyp
     assert rep.mlflow_run is None and (tmp_path / "r.csv").is_file()
     (w,) = rep.warnings
     assert w.startswith("not logged to MLflow") and "MLFLOW_TRACKING_USERNAME" in w and "\n" not in w
+
+
+def test_presets_read_as_one_word_and_old_spelled_out_runs_join_the_tuned_row():
+    """params.yaml left PBR's open points auto when `method.preset` came in: a run from before, with
+    the tuned values spelled out, is the same row as one that leaves them auto; the paper preset is a
+    row of its own, named by the method, and only what departs from that preset is named beside it."""
+    p = {**BASE, "method.name": "pbr", "model.width": "8", "train.epochs": "1", "train.lr": "auto"}
+    spelled = {"method.tau1": "1.0", "method.buffer_order": "uncertain_weighted", "method.walk_candidate": "hold",
+               "method.offset": "task", "method.mi_logits": "scaled", "method.kl_classes": "old"}
+    auto = {k: "auto" for k in spelled}
+    runs = [RunRecord("old", {**p, **spelled, "seed": "0"}, {"class_il.acc": 40.0}),
+            RunRecord("new", {**p, **auto, "method.preset": "tuned", "seed": "1"}, {"class_il.acc": 44.0}),
+            RunRecord("lit", {**p, **auto, "method.preset": "paper", "seed": "0"}, {"class_il.acc": 30.0}),
+            RunRecord("lit-tau", {**p, **auto, "method.preset": "paper", "method.tau1": "1.0", "seed": "0"},
+                      {"class_il.acc": 35.0}),
+            RunRecord("rnd", {**p, **auto, "method.buffer_order": "random", "seed": "0"}, {"class_il.acc": 41.0})]
+    groups, _ = report.group_runs(runs)
+    rows = {g.method: g.stats("class_il", "acc") for g in groups}
+    assert rows["PBR"] == (42.0, pytest.approx(2 * math.sqrt(2)), 2)
+    assert rows["PBR (paper-literal)"][0] == 30.0 and rows["PBR (paper-literal, tau1 1.0)"][0] == 35.0
+    # The paper's order (Ours - Random above Ours), then the readings.
+    assert [g.method for g in sorted(groups, key=report._group_order)][:2] == ["PBR (random)", "PBR"]

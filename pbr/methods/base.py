@@ -6,7 +6,7 @@ In the spirit of Mammoth's ContinualModel: a method owns the network, its optimi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, ClassVar, Literal
 
@@ -50,6 +50,14 @@ class Setting:
     doc: str
     check: Callable[[Any], bool] | None = None  # range check of a non-auto value
     allowed: str = ""  # what a bad value's error says may be used (else read from the type)
+    # How a value other than the method's own reads in a table's row label (the value as text in,
+    # e.g. "PBR (per-class offset)"); None: "key value". in_label False: never named (a setting
+    # the budget names, like the reservoir's rule).
+    label: Callable[[str], str] | None = field(default=None, compare=False)
+    in_label: bool = True
+    # A preset: it picks what "auto" means for other keys, so a run is labelled by the preset and
+    # by the keys that differ from that preset's values.
+    selects_defaults: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,12 +80,15 @@ def positive(v) -> bool:
 
 
 # Settings more than one method reads; each declares the same object.
-ALPHA = Setting("alpha", float | Auto, "auto", "the method's first loss weight", non_negative, "a number >= 0 or auto")
-BETA = Setting("beta", float | Auto, "auto", "the method's second loss weight", non_negative, "a number >= 0 or auto")
+ALPHA = Setting("alpha", float | Auto, "auto", "the method's first loss weight", non_negative, "a number >= 0 or auto",
+                label=lambda v: f"alpha {v}")
+BETA = Setting("beta", float | Auto, "auto", "the method's second loss weight", non_negative, "a number >= 0 or auto",
+               label=lambda v: f"beta {v}")
 RESERVOIR = Setting("reservoir", Literal["every_epoch", "first_epoch"], "every_epoch",
                     "the online reservoir is offered every epoch's batches (Mammoth) or the task's first epoch's "
-                    "only (each sample once, whatever the task's epochs)")
-TAU2 = Setting("tau2", float, 2.0, "temperature of the distillation", positive, "a positive number (2 in the paper)")
+                    "only (each sample once, whatever the task's epochs)", in_label=False)
+TAU2 = Setting("tau2", float, 2.0, "temperature of the distillation", positive, "a positive number (2 in the paper)",
+               label=lambda v: f"tau2 {v}")
 WEIGHT_DECAY = Setting("weight_decay", float | Auto, "auto", "the SGD's weight decay", non_negative,
                        "a number >= 0 or auto")
 MAMMOTH = "Mammoth utils/best_args.py @5bb9275"  # the DER paper's grid-searched best settings
@@ -94,6 +105,9 @@ class ContinualMethod:
     # Its place in the paper's tables: a "bound" (SGD, JOINT: also on the balanced stream), a
     # "baseline", or "ours" (PBR).
     role: ClassVar[str] = "baseline"
+    # Where its variants sit in a table (their labels, "" for the method at its own settings); the
+    # ones not listed follow.
+    row_order: ClassVar[tuple[str, ...]] = ()
     # The keys of params.yaml's `method` section this method reads (beyond name and buffer_size).
     settings: ClassVar[tuple[Setting, ...]] = ()
     # "auto" resolves to the first `best` entry for the run's dataset and buffer size, else to
@@ -132,6 +146,14 @@ class ContinualMethod:
     def refuse(cls, settings: dict[str, Any]) -> str | None:
         """Why these resolved settings (head, dropout, lr, the declared keys) cannot run, or None."""
         return None
+
+    @classmethod
+    def variant_labels(cls, settings: dict[str, Any], own: dict[str, Any]) -> list[str]:
+        """How a run reads beside the method's label in a table: one phrase for each declared
+        setting whose value differs from the method's own (`own`: resolved the same way)."""
+        return [s.label(settings[s.key]) if s.label else f"{s.key} {settings[s.key]}"
+                for s in cls.settings
+                if s.in_label and s.key in settings and settings[s.key] != own.get(s.key)]
 
     @classmethod
     def score_temperature(cls, settings: dict[str, Any]) -> float:
