@@ -233,6 +233,22 @@ def _copy_run(src_client, dst, exp_id: str, run, origin: str, version: str, labe
 def import_runs(source: str, target_uri: str, experiment: str, with_artifacts: bool = True,
                 log: Callable[[str], None] = print) -> Outcome:
     """Copy the runs of experiment `experiment` in SOURCE into the same experiment at `target_uri`."""
+    import os
+
+    # Not MLflow's two "View run ... at" lines per run copied to a server.
+    quiet = os.environ.get("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT")
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    try:
+        return _import(source, target_uri, experiment, with_artifacts, log)
+    finally:
+        if quiet is None:
+            del os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"]
+        else:
+            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = quiet
+
+
+def _import(source: str, target_uri: str, experiment: str, with_artifacts: bool,
+            log: Callable[[str], None]) -> Outcome:
     src = resolve_source(source)
     if _store_key(src.uri) == _store_key(target_uri):
         raise UserError(f"SOURCE {source} is the store it would import into ({target_uri}): pass --tracking-uri, or "
