@@ -11,7 +11,8 @@ import torch
 from pbr.buffer import Buffer
 from pbr.rng import check_generator
 
-ORDERS = ("uncertain_first", "certain_first", "random", "uncertain_weighted")
+ORDERS = ("uncertain_first", "certain_first", "random", "uncertain_weighted", "certain_weighted")
+RANKS = ("task", "class")
 CANDIDATES = ("hold", "advance")
 
 
@@ -32,19 +33,39 @@ def sample_in_probability(n_steps: int, class_counts: torch.Tensor, capacity: in
     return capacity / (n + offset)
 
 
-def walk_order(scores: torch.Tensor, order: str, generator: torch.Generator) -> torch.Tensor:
-    """The indices of `scores` in walk order (see uncertainty_walk)."""
+def walk_order(scores: torch.Tensor, order: str, generator: torch.Generator, power: float = 1.0,
+               labels: torch.Tensor | None = None, rank: str = "task") -> torch.Tensor:
+    """The indices of `scores` in walk order (see uncertainty_walk).
+
+    `power` sharpens (> 1) or flattens (< 1) the weights of the weighted orders. `rank` "class"
+    interleaves the classes: the order is taken over the task, then each class's k-th sample comes
+    before any class's (k+1)-th, so every class reaches the front of the walk, the minority ones
+    included, in the order's own preference within the class."""
     b, dev, g = scores.shape[0], scores.device, generator
     if order == "random":
-        return torch.randperm(b, generator=g, device=dev)
-    if order == "uncertain_weighted":
+        perm = torch.randperm(b, generator=g, device=dev)
+    elif order in ("uncertain_weighted", "certain_weighted"):
         # Weighted random order (Efraimidis & Spirakis' A-Res keys u^(1/w), compared as
-        # log(u) / w): sample i comes before j with odds w_i : w_j, w = the score, so the
-        # uncertain samples come first in priority without the walk becoming a top-k.
-        w = scores.double().clamp_min(0) + 1e-12
-        keys = torch.log(torch.rand(b, dtype=torch.float64, generator=g, device=dev)) / w
-        return torch.argsort(keys, descending=True, stable=True)
-    return torch.argsort(scores, descending=order == "uncertain_first", stable=True)
+        # log(u) / w): sample i comes before j with odds w_i : w_j. w = the score (uncertain
+        # samples first in priority), or its distance below the task's largest score (certain
+        # first: Eq. 2's arg min, drawn with odds instead of strictly); never a top-k.
+        w = scores.double().clamp_min(0)
+        if order == "certain_weighted":
+            w = w.max() - w
+        if power != 1.0:
+            w = w.pow(power)
+        keys = torch.log(torch.rand(b, dtype=torch.float64, generator=g, device=dev)) / (w + 1e-12)
+        perm = torch.argsort(keys, descending=True, stable=True)
+    else:
+        perm = torch.argsort(scores, descending=order == "uncertain_first", stable=True)
+    if rank == "class":
+        if labels is None:
+            raise ValueError("rank 'class' needs the labels")
+        lab = labels.to(dev)[perm]
+        same = lab.unsqueeze(0) == lab.unsqueeze(1)
+        within = torch.tril(same, diagonal=-1).sum(1)  # earlier samples of the same class in the order
+        perm = perm[torch.argsort(within, stable=True)]
+    return perm
 
 
 def reservoir_add(
@@ -84,6 +105,9 @@ def uncertainty_walk(
     logits: torch.Tensor | None = None,
     candidate: str = "advance",
     start: int = 0,
+    power: float = 1.0,
+    rank: str = "task",
+    outliers: float = 0.0,
 ) -> torch.Tensor:
     """PBR's end-of-task walk over the task just learned. Returns the accept mask [B]
     (input order; an accepted sample may be overwritten later in the same walk).
@@ -103,7 +127,24 @@ def uncertainty_walk(
 
     Draws from `generator` (on `scores`' device), in this order: the permutation (random
     and weighted orders only), u = torch.rand(B, float64), slots = torch.randint(capacity, (B,)).
+    `power` and `rank` shape the order (walk_order); `outliers` leaves the given fraction of the
+    task's highest scores out of the walk (the most uncertain samples of a task are often
+    mislabelled or atypical ones), the walk running over the rest.
     """
+    if not 0.0 <= outliers < 1.0:
+        raise ValueError(f"outliers must be in [0, 1), got {outliers}")
+    if outliers > 0.0:
+        n_out = int(outliers * scores.shape[0])
+        kept = torch.argsort(scores, stable=True)[: scores.shape[0] - n_out].sort().values
+        idx = kept.to(images.device)
+        sub = uncertainty_walk(buffer, images[idx], labels[kept.to(labels.device)], tasks[kept.to(tasks.device)],
+                               scores[kept], class_counts, generator, order,
+                               None if logits is None else logits[kept.to(logits.device)], candidate, start, power, rank)
+        accepted = torch.zeros(scores.shape[0], dtype=torch.bool, device=scores.device)
+        accepted[kept] = sub
+        return accepted
+    if rank not in RANKS:
+        raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     if candidate not in CANDIDATES:
@@ -113,7 +154,7 @@ def uncertainty_walk(
         raise ValueError(f"scores must be [{b}], got {tuple(scores.shape)}")
     dev = scores.device
     g = check_generator(generator, dev)
-    perm = walk_order(scores, order, g)
+    perm = walk_order(scores, order, g, power, labels, rank)
     p = sample_in_probability(b, torch.as_tensor(class_counts).to(dev), buffer.capacity, start)
     u = torch.rand(b, dtype=torch.float64, generator=g, device=dev)
     rand_slot = torch.randint(buffer.capacity, (b,), generator=g, device=dev)

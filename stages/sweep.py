@@ -112,6 +112,13 @@ READINGS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "train.lr": ("lr", (0.03, 0.1)),
     "method.imprint": ("imprint-", (False, True)),
     "method.walk_candidate": ("", ("hold", "advance")),
+    # Readings of "uncertainty-guided" first tried after the pre-registration (selection seeds only).
+    "method.walk_count": ("N-", ("task", "stream")),
+    "method.buffer_order": ("", ("uncertain_weighted", "certain_weighted")),
+    "method.mi_power": ("mipow", (1.0, 2.0, 0.5)),
+    "method.walk_rank": ("rank-", ("task", "class")),
+    "method.mi_outliers": ("out", (0.0, 0.05)),
+    "method.mi_model": ("mi-", ("final", "teacher")),
 }
 
 

@@ -189,3 +189,100 @@ def test_pbr_reservoir_sampling_fills_the_buffer_online_and_skips_the_walk():
     assert len(walk.buffer) == 0 and walk.buffer.seen == 0
     walk.end_task(0, images, labels)
     assert len(walk.buffer) > 0
+
+
+# ------------------------------------------------------------------ readings never tried before
+
+def _before(order, i, j, n=4000, **kw):
+    """How often sample i comes before sample j in `n` draws of the walk order."""
+    from pbr.selection import walk_order
+
+    g = torch.Generator().manual_seed(0)
+    scores = kw.pop("scores")
+    hits = 0
+    for _ in range(n):
+        perm = walk_order(scores, order, g, **kw).tolist()
+        hits += perm.index(i) < perm.index(j)
+    return hits / n
+
+
+def test_certain_weighted_order_draws_with_the_odds_of_each_samples_certainty():
+    """Eq. 2's arg min drawn with odds: certainty = the task's largest MI minus the sample's. With
+    A-Res keys, i precedes j with probability w_i / (w_i + w_j): MI 0, 0.5, 1 give certainties 1,
+    0.5, 0, so sample 0 precedes sample 1 two times in three, and sample 2 (certainty 0) is last."""
+    scores = torch.tensor([0.0, 0.5, 1.0])
+    assert abs(_before("certain_weighted", 0, 1, scores=scores) - 2 / 3) < 0.03
+    assert _before("certain_weighted", 1, 2, n=300, scores=scores) == 1.0
+    # The uncertain-weighted order is its mirror: sample 2 before sample 1 with odds 1 : 0.5.
+    assert abs(_before("uncertain_weighted", 2, 1, scores=scores) - 2 / 3) < 0.03
+
+
+def test_mi_power_sharpens_the_weighted_order():
+    """Weights MI^p: MI 1 and 2 give odds 1 : 2 at p = 1 and 1 : 4 at p = 2 (sample 1 first 4/5)."""
+    scores = torch.tensor([1.0, 2.0])
+    assert abs(_before("uncertain_weighted", 1, 0, scores=scores) - 2 / 3) < 0.03
+    assert abs(_before("uncertain_weighted", 1, 0, scores=scores, power=2.0) - 4 / 5) < 0.03
+    assert abs(_before("uncertain_weighted", 1, 0, scores=scores, power=0.5) - math.sqrt(2) / (1 + math.sqrt(2))) < 0.03
+
+
+def test_walk_ranked_per_class_interleaves_the_classes():
+    """Most uncertain first over 3 samples of class 0 and 2 of class 1 (MI 5, 4, 3 and 2, 1): over
+    the task the order is 0 1 2 3 4; per class, each class's first sample comes before any class's
+    second: 0 3 1 4 2, so the minority class reaches the front."""
+    from pbr.selection import walk_order
+
+    scores, labels = torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0]), torch.tensor([0, 0, 0, 1, 1])
+    g = torch.Generator().manual_seed(0)
+    assert walk_order(scores, "uncertain_first", g).tolist() == [0, 1, 2, 3, 4]
+    assert walk_order(scores, "uncertain_first", g, labels=labels, rank="class").tolist() == [0, 3, 1, 4, 2]
+    assert walk_order(scores, "certain_first", g, labels=labels, rank="class").tolist() == [4, 2, 3, 1, 0]
+
+
+def test_the_most_uncertain_samples_can_be_left_out_of_the_walk():
+    """mi_outliers 0.4 of 5 samples leaves the 2 highest MI out; a buffer large enough to take
+    every candidate (P_N = 100 / N >= 1) then holds exactly the other 3."""
+    from pbr.buffer import Buffer
+    from pbr.selection import uncertainty_walk
+
+    images = torch.arange(5, dtype=torch.uint8).view(5, 1, 1, 1).expand(5, 3, 2, 2).contiguous()
+    labels = torch.tensor([0, 1, 0, 1, 0])
+    scores = torch.tensor([0.9, 0.1, 0.5, 0.7, 0.3])
+    buf = Buffer(100, (3, 2, 2), 2, torch.device("cpu"))
+    accepted = uncertainty_walk(buf, images, labels, torch.zeros(5, dtype=torch.int64), scores, torch.tensor([]),
+                                torch.Generator().manual_seed(0), order="random", outliers=0.4)
+    assert accepted.tolist() == [False, True, True, False, True]
+    assert sorted(buf.images[: len(buf), 0, 0, 0].tolist()) == [1, 2, 4]
+
+
+def test_mi_scored_by_the_previous_tasks_model():
+    """mi_model teacher: the walk after task 1 scores the task with the model of the end of task 0,
+    so its stored scores are what that model gives, not what the model just fitted gives."""
+    import copy
+
+    from pbr.uncertainty import score_images
+
+    tasks = _uneven_tasks()
+    runs = {}
+    for mi_model in ("final", "teacher"):
+        m, ctx = _setup("pbr", mi_model=mi_model, buffer_order="uncertain_first", walk_candidate="hold")
+        _finish_tasks(m, tasks[:1])
+        old = copy.deepcopy(m.net)
+        images, labels = tasks[1]
+        m.begin_task(1, images, labels)
+        fit_task(m, images, labels, 1, 8)
+        state = ctx.generator.get_state()
+        want = {}
+        for name, net in (("teacher", old), ("final", m.net)):
+            ctx.generator.set_state(state)
+            want[name], _ = score_images(net, images, m.opts.mc_samples, m.mi_temperature(), ctx.eval_batch_size,
+                                         ctx.preprocess, ctx.generator, classes=ctx.seen_classes(1))
+        ctx.generator.set_state(state)
+        m.end_task(1, images, labels)
+        stored = m.buffer.scores[: len(m.buffer)][m.buffer.tasks[: len(m.buffer)] == 1]
+        runs[mi_model] = (stored, want)
+    for mi_model, (stored, want) in runs.items():
+        assert stored.numel() > 0
+        # Strictly most uncertain first with hold: the k stored samples are the k highest scores.
+        top = want[mi_model].sort(descending=True).values[: stored.numel()]
+        assert torch.allclose(stored.sort(descending=True).values, top.to(stored.dtype)), mi_model
+    assert not torch.allclose(runs["final"][1]["final"], runs["final"][1]["teacher"])

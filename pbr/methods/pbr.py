@@ -43,8 +43,21 @@ class PBR(ContinualMethod):
         Setting("sampling", Literal["walk", "reservoir"], "walk",
                 "the buffer is filled by the end-of-task walk, or by the online reservoir during training",
                 label=lambda v: "online reservoir" if v == "reservoir" else v),
-        Setting("buffer_order", Literal["auto", "uncertain_first", "certain_first", "random", "uncertain_weighted"],
+        Setting("buffer_order", Literal["auto", "uncertain_first", "certain_first", "random", "uncertain_weighted",
+                                        "certain_weighted"],
                 "auto", "the walk's order of the task's samples by MI", label=lambda v: v.replace("_", "-")),
+        # Readings of "uncertainty-guided" never tried before (docs/method.md): sharper or flatter
+        # weights, the order taken within each class, the most uncertain samples left out as outliers,
+        # and the MI scored by the previous task's model instead of the one just fitted.
+        Setting("mi_power", float, 1.0, "the weighted orders' weights are MI (or certainty) to this power",
+                positive, "a positive number (1: the MI itself)", label=lambda v: f"MI^{float(v):g}"),
+        Setting("walk_rank", Literal["task", "class"], "task",
+                "the order is taken over the task, or interleaved class by class", label=lambda v: f"ranked per {v}"),
+        Setting("mi_outliers", float, 0.0, "fraction of the task's most uncertain samples left out of the walk",
+                lambda v: 0 <= v < 1, "a number in [0, 1)", label=lambda v: f"top {100 * float(v):g}% MI left out"),
+        Setting("mi_model", Literal["final", "teacher"], "final",
+                "the MI is scored by the model just fitted (final) or the previous task's (teacher)",
+                label=lambda v: f"MI of the {v}"),
         Setting("walk_candidate", Literal["auto", "advance", "hold"], "auto",
                 "a rejected candidate is retried (hold, the paper's text) or passed over (advance)", label=str),
         Setting("walk_count", Literal["task", "stream"], "task", "N of the sample-in probability",
@@ -192,13 +205,16 @@ class PBR(ContinualMethod):
     def _walk(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
         """The end-of-task walk over the task's samples in MI order (before the task's counts join
         the offset)."""
-        mi, _ = score_images(self.net, images, self.opts.mc_samples, self.mi_temperature(), self.ctx.eval_batch_size,
+        o = self.opts
+        # The first task has no earlier model: its own scores it under either reading.
+        scorer = self.teacher if o.mi_model == "teacher" and self.teacher is not None else self.net
+        mi, _ = score_images(scorer, images, o.mc_samples, self.mi_temperature(), self.ctx.eval_batch_size,
                              self.ctx.preprocess, self.ctx.generator, classes=self.ctx.seen_classes(task))
         # N of the sample-in probability: this walk's steps ("task") or the whole stream so far.
-        start = int(self.class_counts.sum()) if self.opts.walk_count == "stream" else 0
+        start = int(self.class_counts.sum()) if o.walk_count == "stream" else 0
         uncertainty_walk(self.buffer, images, labels, torch.full_like(labels, task), mi, self.walk_offset_counts(),
-                         self.ctx.generator,
-                         order=self.opts.buffer_order, candidate=self.opts.walk_candidate, start=start)
+                         self.ctx.generator, order=o.buffer_order, candidate=o.walk_candidate, start=start,
+                         power=o.mi_power, rank=o.walk_rank, outliers=o.mi_outliers)
 
     def snapshot_teacher(self) -> None:
         self.teacher = copy.deepcopy(self.net).eval().requires_grad_(False)
