@@ -55,7 +55,8 @@ class Outcome:
 
     def summary(self) -> str:
         runs = "run" if self.imported == 1 else "runs"
-        text = f"imported {self.imported} {runs} ({self.present} already present, {self.skipped} skipped) into {self.target}"
+        text = (f"imported {self.imported} {runs} ({self.present} already present, {self.skipped} skipped) "
+                f"into {self.target}")
         if self.replaced:
             text += f"; {self.replaced} of them replaced an older copy"
         return text + ("; nothing new" if self.imported == 0 else "")
