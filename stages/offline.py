@@ -87,7 +87,9 @@ def _start(run, out: Path, base: dict, env: dict[str, str]) -> subprocess.Popen 
         link.symlink_to(_prepared(out, params, env))
     script = f"{sys.executable} -m stages.cli train && {sys.executable} -m stages.cli evaluate"
     log = open(d / "run.log", "a")
-    return subprocess.Popen(["sh", "-c", script], cwd=d, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # Named in MLflow as the sweep names it (as a queued DVC experiment would be).
+    return subprocess.Popen(["sh", "-c", script], cwd=d, env={**env, "DVC_EXP_NAME": run.name}, stdout=log,
+                            stderr=subprocess.STDOUT)
 
 
 def _finish(run, out: Path, rc: int, seconds: float) -> dict | None:
