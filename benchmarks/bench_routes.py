@@ -14,6 +14,8 @@ Routes, in this order (the most telling first, so a spent budget cuts the least 
                     as a script: reused, not copied), summed over one timed window
   lanes-data        lanes plus each lane's own ER data work (its generator, buffer draw,
                     augmentation, reservoir offer): what wiring lanes into a run would pay
+  lanes-data-batched  the same with the lanes' augmentation in one call (pbr.lanes.augment:
+                    each lane's draws from its own generator, one gather for all)
   lanes-cl          channels_last lanes, fp32 and bf16
   lanes-processes   N processes each training L lanes
   mps               processes and lanes-processes again under a CUDA MPS daemon started here
@@ -24,7 +26,8 @@ Every row: median step time after warm-up, current-task images per second (32 a 
 replay doubles the images the network sees), its ratio to the baseline measured in this run, and
 full-protocol runs per hour = 3600 x img/s / 620,000 (a Seq-CIFAR-10-LT run is 12,406 current-task
 images a pass x 50 passes, about 0.62 M current-task image-steps, 1.24 M counting replay). The
-model-step rows leave out the method's data work; `processes` and `lanes-data` include it.
+model-step rows leave out the method's data work; `processes`, `lanes-data*`, `lanes-processes` and
+`mps` include it.
 Results go to --out as routes.json and routes.md, rewritten after every route.
 """
 
@@ -47,8 +50,8 @@ from common import machine, row
 
 FULL_RUN_CURRENT_IMAGES = 620_000
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)
-ROUTES = ("baseline", "lanes", "lanes-bf16", "compile", "processes", "lanes-data", "lanes-cl",
-          "lanes-processes", "mps", "cudnn-benchmark")
+ROUTES = ("baseline", "lanes", "lanes-bf16", "compile", "processes", "lanes-data", "lanes-data-batched",
+          "lanes-cl", "lanes-processes", "mps", "cudnn-benchmark")
 HERE = Path(__file__).resolve().parent
 
 
@@ -99,10 +102,11 @@ def single_step(a, dev, compiled=False):
     return step
 
 
-def laned_step(a, dev, n_lanes, dtype="fp32", cl=False, compiled=False, data=False):
-    """L lanes' step on per-lane batches; with `data`, each lane first does ER's own data work
-    with its own generator and buffer (draw 32 from its memory, augment both halves, offer the
-    current batch to its reservoir), as a laned run would."""
+def laned_step(a, dev, n_lanes, dtype="fp32", cl=False, compiled=False, data=""):
+    """L lanes' step on per-lane batches. With `data` ("per-lane" or "batched"), each lane first
+    does ER's own data work with its own generator and buffer, in ER's order of draws (augment the
+    current batch, draw 32 from its memory, augment them, offer the batch to its reservoir);
+    "batched" augments all lanes in one call (pbr.lanes.augment, the same draws)."""
     import torch
 
     from pbr import lanes as lanes_mod
@@ -141,7 +145,16 @@ def laned_step(a, dev, n_lanes, dtype="fp32", cl=False, compiled=False, data=Fal
             y.append(torch.cat([lab, blab]))
             reservoir_add(bufs[k], r, lab, task, generator=gens[k])
         lanes_mod.step(lanes, opt, torch.stack(x), torch.stack(y))
-    return step
+
+    def batched_step(i):
+        cur = lanes_mod.augment(raw[:, i % 8], gens, MEAN, STD)
+        replay = [bufs[k].get(bufs[k].sample(a.batch, gens[k])) for k in range(n_lanes)]
+        old = lanes_mod.augment(torch.stack([b[0] for b in replay]), gens, MEAN, STD)
+        for k in range(n_lanes):
+            reservoir_add(bufs[k], raw[k, i % 8], labels[k, i % 8], task, generator=gens[k])
+        y = torch.cat([labels[:, i % 8], torch.stack([b[1] for b in replay])], 1)
+        lanes_mod.step(lanes, opt, torch.cat([cur, old], 1), y)
+    return batched_step if data == "batched" else step
 
 
 def median_step_s(step, sync, warmup, steps, repeats, cap_s):
@@ -171,7 +184,12 @@ def child(a) -> None:
     if a.child == "compile":
         from torch._dynamo.utils import counters
 
-        torch._logging.set_logs(perf_hints=True)  # prints why CUDA graphs were skipped, if they were
+        for artifact in ("cudagraphs", "perf_hints"):  # why CUDA graphs were skipped (the name varies by version)
+            try:
+                torch._logging.set_logs(**{artifact: True})
+                break
+            except (TypeError, ValueError):
+                continue
         make = (lambda: single_step(a, dev, compiled=True)) if a.lanes_n == 0 else \
             (lambda: laned_step(a, dev, a.lanes_n, a.dtype, compiled=True))
         step = make()
@@ -185,7 +203,7 @@ def child(a) -> None:
                           "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}), flush=True)
         return
     # "window": bench_parallel's protocol (start together, loop over one timed window) for lanes
-    step = laned_step(a, dev, a.lanes_n, a.dtype, data=True)
+    step = laned_step(a, dev, a.lanes_n, a.dtype, data="batched")
     sync = _sync(dev)
     for i in range(5):
         step(i)
@@ -266,11 +284,13 @@ class Routes:
         head = ("| route | variant | L | processes | step ms | current-task img/s | x baseline | runs/hour | note |\n"
                 "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
         body = "".join(
-            f"| {r['route']} | {r['variant']} | {r['lanes']} | {r['processes']} | {_f(r['step_ms'])} | {_f(r['img_s'])} "
+            f"| {r['route']} | {r['variant']} | {r['lanes']} | {r['processes']} | {_f(r['step_ms'])} "
+            f"| {_f(r['img_s'])} "
             f"| {_f(r['x_baseline'])} | {_f(r['runs_per_hour'])} | {r['status'] if r['status'] != 'ok' else ''}"
             f"{': ' if r['status'] != 'ok' and r['note'] else ''}{r['note']} |\n" for r in self.rows)
         intro = (f"# bench_routes: {self.meta['machine']}\n\nwidth {self.a.width}, batch {self.a.batch} + "
-                 f"{self.a.batch} replay, started {self.meta['started']}; runs/hour = {self.meta['runs_per_hour']}.\n\n")
+                 f"{self.a.batch} replay, started {self.meta['started']}; "
+                 f"runs/hour = {self.meta['runs_per_hour']}.\n\n")
         _atomic(self.out / "routes.md", intro + head + body)
 
     # each route -----------------------------------------------------------------------------------
@@ -290,14 +310,15 @@ class Routes:
             self.record(route, variant, lanes, step_s=s, note=extra)
             return a.batch * lanes / s
         except Exception as e:  # noqa: BLE001 - one failing combination must not end the run
-            self.record(route, variant, lanes, status="failed", note=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            self.record(route, variant, lanes, status="failed", note=why)
             return None
         finally:
             step = None
             if self.dev.type == "cuda":
                 self.torch.cuda.empty_cache()
 
-    def lanes_sweep(self, route, dtype, cl=False, data=False):
+    def lanes_sweep(self, route, dtype, cl=False, data=""):
         best = None
         for n in self.a.lanes:
             img_s = self.in_process(route, dtype, lambda n=n: laned_step(self.a, self.dev, n, dtype, cl=cl, data=data),
@@ -333,7 +354,7 @@ class Routes:
         a = self.a
         need = a.proc_warmup + a.window + 10
         if self.left() < need:
-            return self.record(route, "er step" if not n_lanes else "fp32+data", max(n_lanes, 1), n_procs,
+            return self.record(route, "er step" if not n_lanes else "fp32+data batched", max(n_lanes, 1), n_procs,
                                status="skipped", note="budget spent")
         if self.dev.type == "cuda":
             self.torch.cuda.empty_cache()
@@ -357,7 +378,7 @@ class Routes:
                 out, err = p.communicate()
             res = _last_json(out)
             (results.append(res) if res and p.returncode == 0 else errors.append(_why(err, p.returncode)))
-        variant = "er step (bench_parallel)" if not n_lanes else "fp32+data"
+        variant = "er step (bench_parallel)" if not n_lanes else "fp32+data batched"
         if errors:
             return self.record(route, variant, max(n_lanes, 1), n_procs, status="failed",
                                note=f"{len(errors)} of {n_procs} children failed: {errors[0]}")
@@ -461,13 +482,15 @@ def main() -> None:
                      "torch 2.14's CPU kernels crash at width 4 (docs/benchmarks.md)")
         else:
             r.compile_child("reduce-overhead, one run", 0)
-            n, dtype = (best[1], best[2]) if best else (8, "fp32")
+            n, dtype = (best[1], best[2]) if best else (max(a.lanes), "fp32")
             r.compile_child(f"reduce-overhead, lanes {dtype}", n, dtype)
     if "processes" in routes:
         for n in (int(k) for k in a.processes.split(",")):
             r.windows("processes", n)
     if "lanes-data" in routes:
-        r.lanes_sweep("lanes-data", "fp32", data=True)
+        r.lanes_sweep("lanes-data", "fp32", data="per-lane")
+    if "lanes-data-batched" in routes:
+        r.lanes_sweep("lanes-data-batched", "fp32", data="batched")
     if "lanes-cl" in routes:
         if cpu_tiny:
             r.record("lanes-cl", "fp32/bf16", status="skipped",
@@ -475,7 +498,7 @@ def main() -> None:
         else:
             for dtype in ("fp32", "bf16"):
                 r.lanes_sweep("lanes-cl", dtype, cl=True)
-    best_n = best[1] if best else 8
+    best_n = best[1] if best else max(a.lanes)
     if "lanes-processes" in routes:
         for n in (2, 4) if not a.quick else (2,):
             r.windows("lanes-processes", n, n_lanes=best_n)

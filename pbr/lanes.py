@@ -158,7 +158,8 @@ class Lanes(nn.Module):
         self._check_lane(i)
         if set(state) != set(self.state_names):
             missing, extra = set(self.state_names) - set(state), set(state) - set(self.state_names)
-            raise ValueError(f"lane state_dict does not fit: missing {sorted(missing)[:3]}, unexpected {sorted(extra)[:3]}")
+            raise ValueError(f"lane state_dict does not fit: missing {sorted(missing)[:3]}, "
+                             f"unexpected {sorted(extra)[:3]}")
         flat = dict(zip(self.param_names, self.stacked)) | self._stacked_buffers()
         with torch.no_grad():
             for n in self.state_names:
@@ -183,3 +184,21 @@ def step(lanes: Lanes, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Ten
     losses.sum().backward()
     opt.step()
     return losses.detach()
+
+
+def augment(raw: torch.Tensor, generators: Sequence[torch.Generator], mean: Sequence[float], std: Sequence[float],
+            padding: int = 4) -> torch.Tensor:
+    """`pbr.data.augment.Augment` for every lane at once: lane i's crops and flips are drawn from
+    generators[i] exactly as `Augment()(raw[i], generators[i])` draws them (so a laned run keeps a
+    single run's augmentation stream), then one gather and one normalisation serve all lanes.
+    Per-lane augmentation costs some ten small kernels a lane a call; this leaves three (the draws)."""
+    from pbr.data.augment import crop_flip, normalize, sample_crop_flip_params
+
+    if raw.dim() != 5 or raw.shape[0] != len(generators):
+        raise ValueError(f"expected uint8 [L={len(generators)}, B, C, H, W] and one generator a lane, "
+                         f"got {tuple(raw.shape)}")
+    n = raw.shape[1]
+    draws = [sample_crop_flip_params(n, padding, g, raw.device) for g in generators]
+    dy, dx, flip = (torch.cat(d) for d in zip(*draws))
+    out = crop_flip(raw.flatten(0, 1), dy, dx, flip, padding)
+    return normalize(out, mean, std).view(*raw.shape[:2], *out.shape[1:])

@@ -214,3 +214,21 @@ def test_lanes_refuse_what_they_cannot_stack_or_feed():
         lanes.load_lane_state_dict(0, {"backbone.conv1.weight": torch.zeros(4, 3, 3, 3)})
     with pytest.raises(IndexError, match="lane 3 out of range"):
         lanes.lane_state_dict(3)
+
+
+def test_laned_augmentation_is_each_lanes_own_augment_stream():
+    """One call for all lanes draws what each lane's Augment would from its own generator, and
+    leaves each generator where that single-run call would: the next draws agree too."""
+    from pbr.data.augment import Augment
+    from pbr.lanes import augment
+
+    mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)
+    raw = torch.randint(0, 256, (L, B, 3, SIDE, SIDE), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    laned = [torch.Generator().manual_seed(10 + i) for i in range(L)]
+    single = [torch.Generator().manual_seed(10 + i) for i in range(L)]
+    for _ in range(2):
+        got = augment(raw, laned, mean, std)
+        for i in range(L):
+            assert torch.equal(got[i], Augment(mean, std)(raw[i], single[i])), f"lane {i}"
+    with pytest.raises(ValueError, match="one generator a lane"):
+        augment(raw, laned[:2], mean, std)
