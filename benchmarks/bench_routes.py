@@ -16,10 +16,11 @@ Routes, in this order (the most telling first, so a spent budget cuts the least 
                     augmentation, reservoir offer): what wiring lanes into a run would pay
   lanes-data-batched  the same with the lanes' augmentation in one call (pbr.lanes.augment:
                     each lane's draws from its own generator, one gather for all)
-  lanes-cl          channels_last lanes, fp32 and bf16
   lanes-processes   N processes each training L lanes
   mps               processes and lanes-processes again under a CUDA MPS daemon started here
                     (user-level, its pipe in a temp folder; stopped at the end)
+  lanes-cl          channels_last lanes, fp32 and bf16 (late: at batch 32 it slowed every method's
+                    single step on an H200, docs/benchmarks.md)
   cudnn-benchmark   the best eager lanes with torch.backends.cudnn.benchmark on
 
 Every row: median step time after warm-up, current-task images per second (32 a lane a step;
@@ -51,7 +52,7 @@ from common import machine, row
 FULL_RUN_CURRENT_IMAGES = 620_000
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)
 ROUTES = ("baseline", "lanes", "lanes-bf16", "compile", "processes", "lanes-data", "lanes-data-batched",
-          "lanes-cl", "lanes-processes", "mps", "cudnn-benchmark")
+          "lanes-processes", "mps", "lanes-cl", "cudnn-benchmark")
 HERE = Path(__file__).resolve().parent
 
 
@@ -491,13 +492,6 @@ def main() -> None:
         r.lanes_sweep("lanes-data", "fp32", data="per-lane")
     if "lanes-data-batched" in routes:
         r.lanes_sweep("lanes-data-batched", "fp32", data="batched")
-    if "lanes-cl" in routes:
-        if cpu_tiny:
-            r.record("lanes-cl", "fp32/bf16", status="skipped",
-                     note="channels_last on a CPU below width 20 is pathologically slow (docs/benchmarks.md)")
-        else:
-            for dtype in ("fp32", "bf16"):
-                r.lanes_sweep("lanes-cl", dtype, cl=True)
     best_n = best[1] if best else max(a.lanes)
     if "lanes-processes" in routes:
         for n in (2, 4) if not a.quick else (2,):
@@ -517,6 +511,13 @@ def main() -> None:
                         r.windows("mps", 4, n_lanes=best_n, env=env)
                     finally:
                         stop_mps(env)
+    if "lanes-cl" in routes:
+        if cpu_tiny:
+            r.record("lanes-cl", "fp32/bf16", status="skipped",
+                     note="channels_last on a CPU below width 20 is pathologically slow (docs/benchmarks.md)")
+        else:
+            for dtype in ("fp32", "bf16"):
+                r.lanes_sweep("lanes-cl", dtype, cl=True)
     if "cudnn-benchmark" in routes and cuda and best:
         torch.backends.cudnn.benchmark = True
         r.in_process("cudnn-benchmark", best[2], lambda: laned_step(a, r.dev, best[1], best[2]), lanes=best[1])
