@@ -73,8 +73,8 @@ class Lanes(nn.Module):
         shapes = {tuple((k, tuple(v.shape)) for k, v in n.state_dict().items()) for n in nets}
         if len(kinds) > 1 or len(shapes) > 1:
             raise ValueError("every lane's network must have the same class and parameter shapes")
-        if compute_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"compute_dtype must be None, float32, bfloat16 or float16, got {compute_dtype}")
+        if compute_dtype not in (None, torch.float32, torch.bfloat16):  # fp16 would need loss scaling
+            raise ValueError(f"compute_dtype must be None, float32 or bfloat16, got {compute_dtype}")
         params, buffers = torch.func.stack_module_state(list(nets))
         self.param_names = tuple(params)
         self.buffer_names = tuple(buffers)

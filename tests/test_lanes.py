@@ -212,6 +212,8 @@ def test_lanes_refuse_what_they_cannot_stack_or_feed():
         lanes(torch.randn(2, B, 3, SIDE, SIDE))
     with pytest.raises(ValueError, match="lane state_dict does not fit"):
         lanes.load_lane_state_dict(0, {"backbone.conv1.weight": torch.zeros(4, 3, 3, 3)})
+    with pytest.raises(ValueError, match="compute_dtype must be None, float32 or bfloat16"):
+        Lanes(_nets(), compute_dtype=torch.float16)
     with pytest.raises(IndexError, match="lane 3 out of range"):
         lanes.lane_state_dict(3)
 
