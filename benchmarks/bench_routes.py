@@ -158,6 +158,29 @@ def laned_step(a, dev, n_lanes, dtype="fp32", cl=False, compiled=False, data="")
     return batched_step if data == "batched" else step
 
 
+def autocast_reaches_convs(a, dev) -> str:
+    """What dtype torch.autocast gives the convolution kernels of a laned forward on this device
+    (on a CPU it leaves them fp32 under vmap, which is why Lanes casts by hand)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pbr.lanes import Lanes
+
+    seen = set()
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.convolution.default:
+                seen.add(str(args[0].dtype).replace("torch.", ""))
+            return func(*args, **(kwargs or {}))
+
+    lanes = Lanes(_nets(a, 2, dev))
+    x = torch.randn(2, 4, 3, 32, 32, device=dev)
+    with Spy(), torch.autocast(dev.type, dtype=torch.bfloat16), torch.no_grad():
+        lanes(x)
+    return "/".join(sorted(seen))
+
+
 def median_step_s(step, sync, warmup, steps, repeats, cap_s):
     """Median seconds a step over `repeats` blocks of `steps` (one sync a block: the launch queue
     stays full, as in training), stopping early once `cap_s` is spent."""
@@ -473,6 +496,14 @@ def main() -> None:
     cuda, cpu_tiny = r.dev.type == "cuda", r.dev.type == "cpu" and a.width < 20
     r.base = r.in_process("baseline", "fp32 eager, one run", lambda: single_step(a, r.dev))
     best = None
+    if "lanes-bf16" in routes:
+        try:
+            got = autocast_reaches_convs(a, r.dev)
+            r.record("lanes-bf16", "autocast check", 2, status="info",
+                     note=f"under torch.autocast(bf16) a laned forward's convolutions get {got} inputs; "
+                          "the bf16 rows cast by hand (Lanes' compute_dtype)")
+        except Exception as e:  # noqa: BLE001 - a diagnostic only
+            r.record("lanes-bf16", "autocast check", 2, status="failed", note=f"{type(e).__name__}: {e}"[:200])
     for route, dtype in (("lanes", "fp32"), ("lanes-bf16", "bf16")):
         if route in routes:
             b = r.lanes_sweep(route, dtype)
