@@ -30,13 +30,14 @@ def scenario_metrics(matrix: list[list[float]], minority: list[int]) -> dict[str
             "minority_acc": sum(last[t] for t in minority) / len(minority)}
 
 
-def _head_norms(model_path) -> list[float]:
+def _head_norms(model_path, manifest) -> list[float]:
     import torch
 
-    state = torch.load(model_path, map_location="cpu", weights_only=False)["state_dict"]
-    # PNN has a classifier per column: the norms are the newest column's.
-    key = "head.weight" if "head.weight" in state else [k for k in state if k.split(".")[-2:] == ["classifier", "weight"]][-1]
-    return state[key].norm(dim=1).tolist()
+    from stages.trained import load_method
+
+    cpu = torch.device("cpu")
+    method, _ = load_method(model_path, manifest, cpu, torch.Generator(device=cpu))
+    return method.classifier_norms().tolist()
 
 
 def _buffer_hist(path, n_classes: int) -> list[int]:
@@ -84,7 +85,7 @@ def run(cfg, log=print, tracker=None) -> dict:
               "task_il": round(sum(summary["task_il"]["matrix"][j][: j + 1]) / (j + 1), 4)} for j in range(n_tasks)]
     artifacts.write_csv(out / "accuracy_curve.csv", curve)
 
-    norms = [_head_norms(paths.TRAIN / f"task_{k:02d}" / "model.pt") for k in range(n_tasks)]
+    norms = [_head_norms(paths.TRAIN / f"task_{k:02d}" / "model.pt", manifest) for k in range(n_tasks)]
     hist = [_buffer_hist(paths.TRAIN / f"task_{k:02d}" / "buffer.parquet", n_classes) for k in range(n_tasks)]
     artifacts.write_csv(out / "weight_norms.csv", [
         {"after_task": k, "class": c, "norm": round(v, 6)} for k in range(n_tasks) for c, v in enumerate(norms[k])])

@@ -67,16 +67,17 @@ def _take_back(fp: str, n_tasks: int) -> tuple[list[dict], int]:
 def _score(method, images, T, tau, batch_size, pre, gen, classes, dropout, task, task_classes):
     """MC-dropout MI and entropy of the method's network, and the method's own prediction: Class-IL
     over `classes`, read off the same pass when the method predicts with its network; a method that
-    uses the task identity (PNN) predicts with it, over the sample's task's classes."""
+    uses the task identity predicts with it, over the sample's task's classes."""
     import torch
 
     from pbr.uncertainty import score_and_predict
 
-    if not hasattr(method.net, "head"):  # no single head to sample (PNN's columns): no MC-dropout score
+    net = method.mc_network()
+    if net is None:  # the method has no single head to sample: no MC-dropout score
         nan = torch.full((images.shape[0],), float("nan"), device=classes.device)
         mi, ent, pred = nan, nan.clone(), None
     else:
-        mi, ent, pred = score_and_predict(method.net, images, T, tau, batch_size, pre, gen, classes, dropout)
+        mi, ent, pred = score_and_predict(net, images, T, tau, batch_size, pre, gen, classes, dropout)
     if pred is None or not method.predicts_with_net:
         given = task if method.uses_task_identity else None
         among = task_classes if method.uses_task_identity else classes
@@ -98,7 +99,8 @@ def run(cfg, log=print, tracker=None) -> dict:
     from pbr.data.shards import load_manifest, read_split
     from pbr.errors import UserError
     from pbr.methods import METHODS
-    from stages.train import load_method, resolve_device
+    from stages.train import resolve_device
+    from stages.trained import load_method
 
     manifest = load_manifest(paths.PREPARED)
     n_tasks = manifest["n_tasks"]
@@ -167,7 +169,7 @@ def run(cfg, log=print, tracker=None) -> dict:
     out = paths.SCORE_REPORTS
     artifacts.write_csv(out / "by_class.csv", by_class)
     learned = train & data["correct_own"]
-    # A method without an MC-dropout score (PNN) has NaN MI: its histograms are empty.
+    # A method without an MC-dropout score has NaN MI: its histograms are empty.
     scored = ~np.isnan(data["mi"])
     forgotten = data["mi"][learned & data["forgotten"] & scored]
     kept = data["mi"][learned & ~data["forgotten"] & scored]

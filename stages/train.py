@@ -19,6 +19,7 @@ from pathlib import Path
 from pbr.errors import UserError
 from stages import artifacts, faults, hardware, paths, resume, threads
 from stages.config import Config
+from stages.trained import build_method
 
 STATE = "state.pt"
 
@@ -157,42 +158,6 @@ def _finished_tasks(out: Path, n_tasks: int) -> int:
     while k < n_tasks and (out / f"task_{k:02d}" / STATE).is_file():
         k += 1
     return k
-
-
-def build_method(s: dict, manifest: dict, device, generator, init_generator=None):
-    """The method of settings `s` on a fresh network, for the prepared data of `manifest`."""
-    import torch
-
-    from pbr.data.augment import MEAN_STD, Augment, normalize
-    from pbr.methods import METHODS, Context, Options
-    from pbr.models import Net
-
-    mean, std = MEAN_STD[manifest["dataset"]]
-    fmt = torch.channels_last if s["channels_last"] else torch.contiguous_format
-    augment = Augment(mean, std)
-    ctx = Context(n_classes=manifest["n_classes"],
-                  task_classes=[torch.tensor(c, device=device) for c in manifest["task_classes"]], device=device,
-                  augment=lambda x, g: augment(x, g).contiguous(memory_format=fmt),
-                  preprocess=lambda x: normalize(x, mean, std).contiguous(memory_format=fmt), generator=generator,
-                  replay_batch_size=s["replay_batch_size"], eval_batch_size=s["eval_batch_size"],
-                  autocast_dtype=torch.bfloat16 if s["precision"] == "bf16" else None)
-    net = Net(manifest["n_classes"], s["width"], s["head"], s["scale"], s["dropout"], generator=init_generator).to(
-        device, memory_format=fmt)
-    cls = METHODS[s["method"]]
-    opts = Options(lr=s["lr"], buffer_size=max(s["buffer_size"], 1), **{k: s[k] for k in cls.setting_keys()})
-    return cls(net, ctx, opts)
-
-
-def load_method(path: Path, manifest: dict, device, generator):
-    """The method as saved after a task (model.pt), ready to predict."""
-    import torch
-
-    saved = torch.load(path, map_location=device, weights_only=False)
-    method = build_method(saved["settings"], manifest, device, generator)
-    method.load_model_state(saved)
-    for net in method.networks():
-        net.eval()
-    return method, saved
 
 
 class _TaskRecorder:

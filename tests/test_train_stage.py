@@ -12,6 +12,7 @@ import pytest
 import fakedata
 from pbr.methods import METHODS
 from project import tree_bytes
+from stages import trained
 from stages.config import from_dict
 
 SMALL = {"data": {"download": False, "imbalance_ratio": 0.1}, "model": {"width": 4},
@@ -95,7 +96,7 @@ def test_every_method_trains_saves_each_task_and_resumes_to_the_same_bytes(workd
 
     manifest = load_manifest(workdir / "data/prepared")
     _, tests = train._load_tasks(manifest, torch.device("cpu"))
-    method, saved = train.load_method(workdir / "artifacts/train/task_02/model.pt", manifest, torch.device("cpu"),
+    method, saved = trained.load_method(workdir / "artifacts/train/task_02/model.pt", manifest, torch.device("cpu"),
                                       torch.Generator().manual_seed(0))
     assert saved["task"] == 2 and type(method) is METHODS[name]
     assert list(evaluate(method, tests, 3, 256)) == [summary["class_il"]["matrix"][2], summary["task_il"]["matrix"][2]]
@@ -208,7 +209,7 @@ def test_a_saved_task_reloads_as_its_method_and_predicts_its_accuracy_row(workdi
     manifest = load_manifest(workdir / "data/prepared")
     _, tests = train._load_tasks(manifest, torch.device("cpu"))
     for k in (1, 4):
-        method, saved = train.load_method(workdir / f"artifacts/train/task_{k:02d}/model.pt", manifest,
+        method, saved = trained.load_method(workdir / f"artifacts/train/task_{k:02d}/model.pt", manifest,
                                           torch.device("cpu"), torch.Generator().manual_seed(0))
         assert type(method).__name__ == "PBR" and saved["task"] == k
         c_row, t_row = evaluate(method, tests, k + 1, 256)

@@ -240,6 +240,14 @@ class ContinualMethod:
         """Every network the method trains or predicts with (train/eval mode follows the loop)."""
         return [self.net]
 
+    def classifier_norms(self) -> torch.Tensor:
+        """The norm of each class's classifier vector (the paper's Figure 3: the head's bias)."""
+        return self.net.head.weight.detach().float().norm(dim=1)
+
+    def mc_network(self) -> torch.nn.Module | None:
+        """The network whose head MC dropout samples when a run is scored, or None (no single head)."""
+        return self.net
+
     def model_state(self) -> dict[str, Any]:
         """What the saved model holds: enough for predict() after load_model_state()."""
         return {"state_dict": self.net.state_dict()}

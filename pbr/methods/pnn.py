@@ -137,6 +137,12 @@ class PNN(ContinualMethod):
         # A task not learned yet has no column: the newest one answers (the row's unseen entries).
         return self.net(x, None if task is None else min(task, len(self.net.columns) - 1))
 
+    def classifier_norms(self) -> torch.Tensor:
+        return self.net.columns[-1].classifier.weight.detach().float().norm(dim=1)  # the newest column's
+
+    def mc_network(self) -> None:
+        return None  # a column per task, no single head to sample
+
     def model_state(self) -> dict[str, Any]:
         return {"state_dict": self.net.state_dict(), "n_columns": len(self.net.columns)}
 

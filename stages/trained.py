@@ -1,0 +1,49 @@
+"""A trained method, rebuilt from its saved task: what the train, score and evaluate stages share.
+
+The saved settings (model.pt's `settings`, every "auto" resolved when the run trained) rebuild the
+method; today's params.yaml is never consulted, so a stage run after params.yaml changed still reads
+the run as it was trained.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def build_method(s: dict, manifest: dict, device, generator, init_generator=None):
+    """The method of settings `s` on a fresh network, for the prepared data of `manifest`."""
+    import torch
+
+    from pbr.data.augment import MEAN_STD, Augment, normalize
+    from pbr.methods import METHODS, Context
+    from pbr.models import Net
+
+    mean, std = MEAN_STD[manifest["dataset"]]
+    fmt = torch.channels_last if s["channels_last"] else torch.contiguous_format
+    augment = Augment(mean, std)
+    ctx = Context(n_classes=manifest["n_classes"],
+                  task_classes=[torch.tensor(c, device=device) for c in manifest["task_classes"]], device=device,
+                  augment=lambda x, g: augment(x, g).contiguous(memory_format=fmt),
+                  preprocess=lambda x: normalize(x, mean, std).contiguous(memory_format=fmt), generator=generator,
+                  replay_batch_size=s["replay_batch_size"], eval_batch_size=s["eval_batch_size"],
+                  autocast_dtype=torch.bfloat16 if s["precision"] == "bf16" else None)
+    net = Net(manifest["n_classes"], s["width"], s["head"], s["scale"], s["dropout"], generator=init_generator).to(
+        device, memory_format=fmt)
+    cls = METHODS[s["method"]]
+    # A run saved before a setting existed gets that setting's default, which is what it ran with.
+    opts, _ = cls.options(manifest["dataset"], max(s["buffer_size"], 1), lr=s["lr"],
+                          **{k: s[k] for k in cls.setting_keys() if k in s})
+    opts.buffer_size = max(s["buffer_size"], 1)
+    return cls(net, ctx, opts)
+
+
+def load_method(path: Path, manifest: dict, device, generator):
+    """The method as saved after a task (model.pt), ready to predict."""
+    import torch
+
+    saved = torch.load(path, map_location=device, weights_only=False)
+    method = build_method(saved["settings"], manifest, device, generator)
+    method.load_model_state(saved)
+    for net in method.networks():
+        net.eval()
+    return method, saved
