@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from pbr.data.facts import DATASETS
 from pbr.errors import UserError
 
-N_CLASSES = {"cifar10": 10, "cifar100": 100, "tinyimagenet": 200}
+N_CLASSES = {k: d.n_classes for k, d in DATASETS.items()}
 
 
 class ConfigError(UserError):
@@ -34,7 +35,7 @@ def _positive(v) -> bool:
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: Literal["cifar10", "cifar100", "tinyimagenet"] = "cifar10"
+    dataset: Literal[tuple(DATASETS)] = "cifar10"  # type: ignore[valid-type]
     root: str = _key(default="data/raw", allowed="a folder path holding (or receiving) the raw archives")
     download: bool = True
     setting: Literal["ordered", "shuffled"] = "ordered"

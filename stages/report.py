@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from pbr.data.facts import DATASETS as FACTS
 from pbr.errors import UserError
 from stages import artifacts
 
@@ -36,8 +37,7 @@ DEFAULT_CSV = Path("reports/report.csv")
 COMPLETE_TAG = "pbr.complete"
 PAPER_LR = 0.03  # the one learning rate the paper states for every method
 
-DATASETS = {"cifar10": "Seq-CIFAR-10-LT", "cifar100": "Seq-CIFAR-100-LT",
-            "tinyimagenet": "Seq-TinyImageNet-LT"}
+DATASETS = {k: d.title for k, d in FACTS.items()}
 
 
 def _method(name: str):

@@ -19,11 +19,12 @@ from typing import Any, Callable, Iterator
 
 import yaml
 
+from pbr.data.facts import DATASETS as FACTS
 from pbr.errors import UserError
 from stages.paper_results import PAPER_N_TASKS
 
-DATASETS = ("cifar10", "cifar100", "tinyimagenet")
-SHORT = {"cifar10": "c10", "cifar100": "c100", "tinyimagenet": "tin"}
+DATASETS = tuple(FACTS)
+SHORT = {k: d.short for k, d in FACTS.items()}
 
 
 def _task(setting: str, dataset: str, ir: float) -> dict[str, Any]:
@@ -322,8 +323,8 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
 
 
 # The largest class of each training set, and its images' pixels relative to CIFAR's 32 x 32.
-N_MAX = {"cifar10": 5000, "cifar100": 500, "tinyimagenet": 500}
-PIXELS = {"cifar10": 1.0, "cifar100": 1.0, "tinyimagenet": 4.0}
+N_MAX = {k: d.n_max for k, d in FACTS.items()}
+PIXELS = {k: (d.side / 32) ** 2 for k, d in FACTS.items()}
 
 
 def expected_cost(cfg) -> float:

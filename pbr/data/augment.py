@@ -8,11 +8,10 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from pbr.data.facts import DATASETS
+
 MEAN_STD: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]] = {
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)),
-    "cifar100": ((0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)),
-    "tinyimagenet": ((0.4802, 0.4480, 0.3975), (0.2770, 0.2691, 0.2821)),
-}
+    k: (d.mean, d.std) for k, d in DATASETS.items()}
 
 
 def _check_uint8(x: torch.Tensor) -> None:
