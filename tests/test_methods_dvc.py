@@ -1,7 +1,8 @@
-"""Methods through the real pipeline: `dvc exp run -S method.name=NAME` runs every stage and MLflow
-holds the run; the same `dvc exp run` SIGKILLed between two tasks and run again resumes (it takes its
-finished tasks back from .pbr/resume, since dvc exp run checks the baseline's outputs out over them)
-and ends with the bytes of the uninterrupted run. Every method's save, reload and resume is checked
+"""Methods through the real pipeline: `dvc exp run -S method.name=NAME` SIGKILLed between two tasks
+and run again resumes (it takes its finished tasks back from .pbr/resume, since dvc exp run checks the
+baseline's outputs out over them), runs every stage, leaves MLflow the finished run, and ends with the
+bytes of the uninterrupted run (the train stage run once more in this process: the same code on the
+same files writes the bytes `pbr train` writes). Every method's save, reload and resume is checked
 in-process in test_train_stage; here one method of each kind of saved state crosses processes
 (PBR's kills through `dvc repro`, inside a task too, are in test_faults_dvc)."""
 
@@ -11,7 +12,7 @@ import subprocess
 
 import pytest
 
-from project import BIN, copy_project, env, tree_bytes
+from project import BIN, copy_project, env, set_params, tree_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -28,23 +29,23 @@ def _exp_run(repo, name, kill_at=None):
 ACROSS_PROCESSES = ["er", "icarl", "pnn", "ewc_on"]
 
 
+def _uninterrupted(finished, where, name, monkeypatch):
+    """The train stage's output of an uninterrupted run of `name` on the finished project's data."""
+    import shutil
+
+    from stages import train
+    from stages.config import load_config
+
+    ref = copy_project(finished, where)
+    shutil.rmtree(ref / "artifacts/train")
+    set_params(ref, method__name=name)
+    monkeypatch.chdir(ref)
+    train.run(load_config(ref / "params.yaml"), log=lambda *_: None)
+    return tree_bytes(ref / "artifacts/train")
+
+
 @pytest.mark.parametrize("name", ACROSS_PROCESSES)
-def test_method_runs_through_dvc_exp_run_and_resumes_after_sigkill(tmp_path, finished, name):
-    ref = copy_project(finished, tmp_path / "ref")
-    r = _exp_run(ref, name)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-
-    settings = json.loads((ref / "artifacts/train/run.json").read_text())["settings"]
-    assert settings["method"] == name and all(v != "auto" for v in settings.values())
-    from mlflow import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{ref / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("pbr").experiment_id],
-                              filter_string=f"params.`method.name` = '{name}'")
-    assert [x.info.status for x in runs] == ["FINISHED"]
-    assert runs[0].data.metrics["class_il.acc"] == pytest.approx(
-        json.loads((ref / "reports/metrics.json").read_text())["class_il"]["acc"], abs=1e-3)
-
+def test_method_runs_through_dvc_exp_run_and_resumes_after_sigkill(tmp_path, finished, name, monkeypatch):
     repo = copy_project(finished, tmp_path / "repo")
     r = _exp_run(repo, name, kill_at="train:after_task2")
     # DVC runs the command through $SHELL: bash execs it (DVC reports -9), dash forks it and reports
@@ -56,5 +57,19 @@ def test_method_runs_through_dvc_exp_run_and_resumes_after_sigkill(tmp_path, fin
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     said = r.stdout + r.stderr
     assert "took back the 3 finished task(s)" in said and "resuming after task 3 of 5" in said, said[-3000:]
-    assert tree_bytes(repo / "artifacts/train") == tree_bytes(ref / "artifacts/train")
+    assert all(f"Running stage '{s}'" in said for s in ("train", "score", "evaluate")), said[-3000:]
     assert not any((repo / ".pbr/resume").iterdir())  # a complete run keeps nothing there
+
+    settings = json.loads((repo / "artifacts/train/run.json").read_text())["settings"]
+    assert settings["method"] == name and all(v != "auto" for v in settings.values())
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("pbr").experiment_id],
+                              filter_string=f"params.`method.name` = '{name}'")
+    assert sorted(x.info.status for x in runs) == ["FINISHED", "KILLED"]  # the killed try, closed
+    [done] = [x for x in runs if x.info.status == "FINISHED"]
+    assert done.data.metrics["class_il.acc"] == pytest.approx(
+        json.loads((repo / "reports/metrics.json").read_text())["class_il"]["acc"], abs=1e-3)
+
+    assert tree_bytes(repo / "artifacts/train") == _uninterrupted(finished, tmp_path / "ref", name, monkeypatch)
