@@ -102,12 +102,17 @@ def _finish(run, out: Path, rc: int, seconds: float) -> dict | None:
     return m
 
 
+def _order(runs) -> list:
+    """Seed by seed, so that a sweep cut short leaves every row with the same seeds."""
+    return sorted(runs, key=lambda r: r.overrides.get("seed", 0))
+
+
 def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
             log: Callable[[str], None] = print) -> tuple[int, int, list[str]]:
     """Run `runs` (sweep.Run) in `out`, `jobs` at a time; returns (finished now, skipped, failed names)."""
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: give at least 1 with --offline")
-    root = Path.cwd().resolve()
+    root = Path(__file__).resolve().parents[1]  # the checkout whose code the runs use
     base = yaml.safe_load(params_file.read_text())
     out = out.expanduser().resolve()
     (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -115,9 +120,7 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
     # The store and its artifact folder are made once, from `out`, before parallel runs open it.
     subprocess.run([sys.executable, "-c", "from stages import tracking; tracking.init_store()"], cwd=out,
                    env=env, check=True)
-    # Seed by seed, so that a sweep cut short leaves every row with the same seeds.
-    todo = sorted((r for r in runs if not (out / "runs" / r.name / DONE).is_file()),
-                  key=lambda r: r.overrides.get("seed", 0))
+    todo = _order(r for r in runs if not (out / "runs" / r.name / DONE).is_file())
     skipped, done, failed = len(runs) - len(todo), 0, []
     live: dict[str, tuple[Any, subprocess.Popen, float]] = {}
     while todo or live:

@@ -204,3 +204,12 @@ def test_shards_split_the_plan_into_parts_of_balanced_cost(n):
 def test_a_bad_shard_is_a_one_line_error(text):
     with pytest.raises(UserError, match=rf"--shard {text}: write it as K/N"):
         sweep.parse_shard(text)
+
+
+def test_offline_runs_go_seed_by_seed():
+    """A sweep cut short leaves every row with the same seeds: both rows of seed 3 run before seed 4."""
+    from stages.offline import _order
+
+    runs = _plan("fidelity", seeds=5, only={"row": ["pbr", "er-lr0.1"]})
+    order = [r.overrides["seed"] for r in _order(runs)]
+    assert order == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]

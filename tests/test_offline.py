@@ -1,0 +1,72 @@
+"""`pbr sweep NAME --offline DIR` on small generated data: the grid's runs without DVC or a
+server, each in its own folder and recorded in DIR/mlflow.db; a second call skips what finished;
+`pbr import DIR` brings them into the project's store, where `pbr report` counts them."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import fakedata
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
+
+
+def _pbr(*args, cwd, env):
+    return subprocess.run([sys.executable, "-m", "stages.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_an_offline_sweep_runs_records_resumes_and_imports(tmp_path):
+    fakedata.write_cifar(tmp_path / "raw", 10, 40, 6)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["data"].update(root=str(tmp_path / "raw"), download=False)
+    params["model"]["width"] = 4
+    params["train"].update(device="cpu", precision="fp32", threads=1)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    out, store = tmp_path / "offline", tmp_path / "project.db"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
+    sweep = ["sweep", "fidelity", "--budget", "quick", "--seeds", "7-7", "--only", "row=pbr,er-lr0.1",
+             "-S", "data.imbalance_ratio=0.5", "-S", "method.buffer_size=10", "--offline", str(out), "--jobs", "2"]
+    r = _pbr(*sweep, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    names = sorted(p.name for p in (out / "runs").iterdir())
+    assert len(names) == 2 and all((out / "runs" / n / "DONE").is_file() for n in names)
+    # What DONE says is what the run's evaluate stage wrote.
+    done = json.loads((out / "runs" / names[0] / "DONE").read_text())
+    metrics = json.loads((out / "runs" / names[0] / "reports/metrics.json").read_text())
+    assert done["class_il"] == metrics["class_il"]
+    # Nothing went to the project's store yet: the runs recorded offline.
+    assert not store.exists()
+
+    again = _pbr(*sweep, cwd=tmp_path, env=env)
+    assert again.returncode == 0 and "0 runs finished, 2 already done, 0 failed" in again.stderr
+
+    imported = _pbr("import", str(out), cwd=tmp_path, env=env)
+    assert imported.returncode == 0, imported.stderr[-2000:]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    runs = client.search_runs([client.get_experiment_by_name("pbr").experiment_id])
+    assert sorted(r.data.tags["mlflow.runName"] for r in runs) == names
+    for run in runs:
+        d = out / "runs" / run.data.tags["mlflow.runName"]
+        m = json.loads((d / "reports/metrics.json").read_text())
+        assert run.data.metrics["class_il.acc"] == pytest.approx(m["class_il"]["acc"], abs=1e-4)
+        assert run.data.params["seed"] == "7" and run.info.status == "FINISHED"
+    report = _pbr("report", "--no-log", "--csv", str(tmp_path / "r.csv"), cwd=tmp_path, env=env)
+    assert report.returncode == 0, report.stderr[-2000:]
+    rows = [line.split("|")[2].strip() for line in report.stdout.splitlines() if line.startswith("| ")]
+    assert {"PBR", "ER"} <= set(rows), report.stdout
+
+
+def test_a_backwards_seed_range_is_a_one_line_error(tmp_path):
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    r = _pbr("sweep", "fidelity", "--seeds", "2-1", "--offline", str(tmp_path / "o"), cwd=tmp_path,
+             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: --seeds 2-1:") and len(r.stderr.splitlines()) == 1
