@@ -94,6 +94,27 @@ def report(
 
 
 @app.command()
+def confirm(
+    experiment: str = typer.Option(None, "--experiment",
+                                   help="MLflow experiment to read (default: $MLFLOW_EXPERIMENT_NAME, else pbr)."),
+    tracking_uri: str | None = typer.Option(
+        None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite mlflow.db at the repository root)."),
+    markdown: Path | None = typer.Option(None, "--markdown", help="Also write the table to this file."),
+) -> None:
+    """The pre-registered confirmation (docs/preregistration.md): comparisons C1-C5 on seeds 100-109,
+    95% intervals, Holm-adjusted p and the verdicts by the page's rule."""
+    from stages import confirmation
+    from stages.tracking import experiment_name
+
+    text = confirmation.run(tracking_uri, experiment or experiment_name())
+    typer.echo(text, nl=False)
+    if markdown is not None:
+        from stages import artifacts
+
+        artifacts.write_text(markdown, text)
+
+
+@app.command()
 def sweep(
     name: str = typer.Argument(..., help="Grid: table2 (methods x buffers x datasets), table3 (shuffled, IRs), "
                                          "table5 (ablation), fidelity (PBR's open readings against ER), families "

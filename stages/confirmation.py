@@ -1,0 +1,136 @@
+"""`pbr confirm`: the pre-registered confirmation (docs/preregistration.md), computed as written
+there and nothing else: the six rows at the proxy budget on the confirmation seeds, on a CPU in
+fp32; comparisons C1-C5 as paired differences of final Class-IL with a two-sided 95% t interval, a
+paired t-test's p and its Holm adjustment over the five, and the verdict by the page's rule.
+While any comparison has fewer seeds than planned, the table says it is no verdict yet.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from stages import report
+
+SEEDS = tuple(str(s) for s in range(100, 110))
+CELL = {"budget": "proxy", "setting": "ordered", "imbalance_ratio": 0.01, "dataset": "cifar10",
+        "buffer_size": 200, "device": "cpu", "precision": "fp32"}
+# The rows, as `pbr report` labels them, and the fidelity grid's row names.
+ROWS = {"PBR": "pbr", "PBR (random)": "pbr-random", "PBR (online reservoir)": "pbr-reservoir",
+        "ER (lr 0.03)": "er-lr0.03", "ER": "er-lr0.1", "PBR (paper-literal)": "pbr-literal"}
+COMPARISONS = (("C1", "PBR", "PBR (online reservoir)", "Ours > Ours-Random (+6.23)"),
+               ("C2", "PBR", "PBR (random)", "Ours > Ours-Random (+6.23)"),
+               ("C3", "PBR", "ER (lr 0.03)", "Ours > ER (+11.86)"),
+               ("C4", "PBR", "ER", "Ours > ER, at ER's tuned lr"),
+               ("C5", "PBR", "PBR (paper-literal)", "none"))
+ALPHA = 0.05
+
+
+@dataclass
+class Comparison:
+    name: str
+    a: str
+    b: str
+    claim: str
+    diffs: list[float]
+    p: float = float("nan")
+    holm: float = float("nan")
+
+    @property
+    def n(self) -> int:
+        return len(self.diffs)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.diffs)
+
+    def interval(self) -> tuple[float, float]:
+        half = report.t_quantile(self.n - 1) * statistics.stdev(self.diffs) / math.sqrt(self.n)
+        return self.mean - half, self.mean + half
+
+    def verdict(self) -> str:
+        low, high = self.interval()
+        side = "above" if low > 0 else "below" if high < 0 else None
+        if side is None:
+            return "not resolved"
+        return side if self.holm <= ALPHA else f"{side} (not after Holm)"
+
+
+def paired_p(diffs: list[float]) -> float:
+    """Two-sided p of the paired t-test that the mean difference is 0."""
+    n, sd = len(diffs), statistics.stdev(diffs)
+    if sd == 0:
+        return 1.0 if statistics.fmean(diffs) == 0 else 0.0
+    t = abs(statistics.fmean(diffs)) / (sd / math.sqrt(n))
+    return max(0.0, 1.0 - report._t_within(t, n - 1))
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjustment: the k-th smallest of m p-values times (m - k + 1), made
+    non-decreasing in that order, capped at 1."""
+    m, out, running = len(ps), [0.0] * len(ps), 0.0
+    for k, i in enumerate(sorted(range(m), key=lambda i: ps[i])):
+        running = max(running, min(1.0, (m - k) * ps[i]))
+        out[i] = running
+    return out
+
+
+def rows_by_seed(groups: list[report.Group], mode: str = "class_il", metric: str = "acc") -> dict[str, dict[str, float]]:
+    """Each row's value per confirmation seed, from the groups of the confirmation's cell."""
+    out: dict[str, dict[str, float]] = {label: {} for label in ROWS}
+    for g in groups:
+        if g.method in ROWS and all(getattr(g, k) == v for k, v in CELL.items()):
+            out[g.method] = {s: v for s, v in g.by_seed(mode, metric).items() if s in SEEDS}
+    return out
+
+
+def compare(groups: list[report.Group]) -> list[Comparison]:
+    rows = rows_by_seed(groups)
+    out = []
+    for name, a, b, claim in COMPARISONS:
+        seeds = sorted(rows[a].keys() & rows[b].keys(), key=int)
+        out.append(Comparison(name, a, b, claim, [rows[a][s] - rows[b][s] for s in seeds]))
+    done = [c for c in out if c.n >= 2]
+    for c, p in zip(done, holm([paired_p(c.diffs) for c in done])):
+        c.p, c.holm = paired_p(c.diffs), p
+    return out
+
+
+def render(groups: list[report.Group]) -> str:
+    comps = compare(groups)
+    lines = ["# The pre-registered confirmation (docs/preregistration.md)", "",
+             "Seq-CIFAR-10-LT, ordered, IR 0.01, buffer 200, proxy budget, CPU fp32, seeds 100-109. "
+             "Final Class-IL ACC (%).", "", "| row | grid row | n | Class-IL | Task-IL | minority tasks' Class-IL |",
+             "|---|---|---|---|---|---|"]
+    for label, row in ROWS.items():
+        cells = []
+        for mode, metric in (("class_il", "acc"), ("task_il", "acc"), ("class_il", "minority_acc")):
+            v = list(rows_by_seed(groups, mode, metric)[label].values())
+            cells.append("-" if not v else f"{statistics.fmean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0:.2f}")
+        n = len(rows_by_seed(groups)[label])
+        lines.append(f"| {label} | `{row}` | {n} | " + " | ".join(cells) + " |")
+    lines += ["", "| # | A - B | n | mean | 95% interval | p | Holm p | verdict | the paper |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for c in comps:
+        if c.n < 2:
+            lines.append(f"| {c.name} | {c.a} - {c.b} | {c.n} | - | - | - | - | - | {c.claim} |")
+            continue
+        low, high = c.interval()
+        lines.append(f"| {c.name} | {c.a} - {c.b} | {c.n} | {c.mean:+.2f} | [{low:+.2f}, {high:+.2f}] | "
+                     f"{c.p:.3g} | {c.holm:.3g} | {c.verdict()} | {c.claim} |")
+    if any(c.n < len(SEEDS) for c in comps):
+        lines += ["", f"INCOMPLETE: the plan is n = {len(SEEDS)} for every comparison; until then these are "
+                      "progress figures, not the pre-registered verdicts."]
+    return "\n".join(lines) + "\n"
+
+
+def run(tracking_uri: str | None = None, experiment: str = report.DEFAULT_EXPERIMENT) -> str:
+    uri = tracking_uri or report._default_uri()
+    runs = report.collect_runs(uri, experiment)
+    if not runs:
+        from pbr.errors import UserError
+
+        raise UserError(report.no_runs_message(uri, experiment))
+    groups, _ = report.group_runs(runs)
+    return render(groups)

@@ -1,0 +1,72 @@
+"""`pbr confirm`: the pre-registered comparisons on hand-made runs, checked against hand
+computations (for 2 degrees of freedom Student's t has P(|T| <= t) = t / sqrt(2 + t^2))."""
+
+import math
+
+import pytest
+
+from stages import confirmation, report
+from stages.report import RunRecord
+
+BASE = {"data.setting": "ordered", "data.imbalance_ratio": "0.01", "data.dataset": "cifar10", "data.n_tasks": "5",
+        "method.buffer_size": "200", "model.width": "8", "train.epochs": "[4, 8, 16, 40, 80]",
+        "method.reservoir": "first_epoch", "train.precision": "fp32", "train.lr": "auto"}
+ROWS = {"pbr": ({"method.name": "pbr"}, [50, 52, 54]),
+        "pbr-reservoir": ({"method.name": "pbr", "method.sampling": "reservoir"}, [48, 48, 48]),
+        "pbr-random": ({"method.name": "pbr", "method.buffer_order": "random"}, [49, 51, 53]),
+        "er-lr0.03": ({"method.name": "er", "train.lr": "0.03"}, [40, 41, 42]),
+        "er-lr0.1": ({"method.name": "er", "train.lr": "0.1"}, [60, 61, 66]),
+        "pbr-literal": ({"method.name": "pbr", "method.preset": "paper"}, [50, 52, 54])}
+
+
+def _runs():
+    runs = []
+    for row, (params, values) in ROWS.items():
+        for seed, v in zip((100, 101, 102), values):
+            runs.append(RunRecord(f"{row}-{seed}", {**BASE, **params, "seed": str(seed)},
+                                  {"class_il.acc": float(v), "task_il.acc": 80.0}, 0, {"pbr.device": "cpu"}))
+    # Not the confirmation's: a selection seed, a GPU run, a run at another budget.
+    runs += [RunRecord("sel", {**BASE, **ROWS["pbr"][0], "seed": "3"}, {"class_il.acc": 0.0}, 0, {"pbr.device": "cpu"}),
+             RunRecord("gpu", {**BASE, **ROWS["pbr"][0], "seed": "103"}, {"class_il.acc": 0.0}, 0, {"pbr.device": "cuda"}),
+             RunRecord("full", {**BASE, **ROWS["pbr"][0], "seed": "104", "model.width": "64", "train.epochs": "50",
+                                "method.reservoir": "every_epoch"}, {"class_il.acc": 0.0}, 0, {"pbr.device": "cpu"})]
+    return runs
+
+
+def _p2(mean, sd, n=3):
+    t = abs(mean) / (sd / math.sqrt(n))
+    return 1 - t / math.sqrt(2 + t * t)
+
+
+def test_comparisons_intervals_p_holm_and_verdicts_by_hand():
+    groups, _ = report.group_runs(_runs())
+    comps = {c.name: c for c in confirmation.compare(groups)}
+    assert {k: c.n for k, c in comps.items()} == {"C1": 3, "C2": 3, "C3": 3, "C4": 3, "C5": 3}
+    c1 = comps["C1"]  # differences 2, 4, 6: mean 4, sd 2
+    assert c1.diffs == [2.0, 4.0, 6.0]
+    low, high = c1.interval()
+    assert (low, high) == pytest.approx((4 - 4.302653 * 2 / math.sqrt(3), 4 + 4.302653 * 2 / math.sqrt(3)), abs=1e-5)
+    assert c1.p == pytest.approx(_p2(4, 2), abs=1e-9) and c1.verdict() == "not resolved"
+    assert comps["C3"].p == pytest.approx(_p2(11, 1), abs=1e-9) and comps["C3"].verdict() == "above"
+    assert comps["C4"].mean == pytest.approx(-31 / 3) and comps["C4"].verdict() == "below"
+    assert comps["C2"].p == 0.0 and comps["C5"].p == 1.0 and comps["C5"].verdict() == "not resolved"
+    # Holm over the five: p sorted C2 0, C3, C4, C1, C5 get factors 5, 4, 3, 2, 1.
+    assert comps["C3"].holm == pytest.approx(4 * _p2(11, 1))
+    assert comps["C4"].holm == pytest.approx(3 * _p2(-31 / 3, math.sqrt(7 / 3)))
+    assert comps["C1"].holm == pytest.approx(2 * _p2(4, 2)) and comps["C5"].holm == 1.0
+
+
+def test_holm_is_step_down_and_monotone():
+    assert confirmation.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert confirmation.holm([0.5, 0.9]) == [1.0, 1.0]
+
+
+def test_an_interval_above_zero_that_holm_does_not_keep_says_so():
+    c = confirmation.Comparison("Cx", "A", "B", "", [1.0, 1.2, 0.8, 1.1], holm=0.2)
+    assert c.interval()[0] > 0 and c.verdict() == "above (not after Holm)"
+
+
+def test_the_table_says_it_is_incomplete_until_ten_seeds():
+    groups, _ = report.group_runs(_runs())
+    text = confirmation.render(groups)
+    assert "| PBR | `pbr` | 3 | 52.00 ± 2.00 |" in text and "INCOMPLETE" in text
