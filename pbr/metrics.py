@@ -4,6 +4,7 @@ per-batch accuracy that fills it."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -64,3 +65,17 @@ def task_accuracy(logits: torch.Tensor, labels: torch.Tensor, task_classes: torc
     allowed[cls] = True
     masked = logits.masked_fill(~allowed, float("-inf"))
     return (masked.argmax(1) == labels.to(logits.device)).sum()
+
+
+def minority_tasks(task_sizes: list[int]) -> list[int]:
+    """The smaller half of the tasks by training size (ceil(T/2) tasks): tasks 3-5 of
+    Seq-CIFAR-10-LT ordered, as in the paper's Table 4; mixed tasks when shuffled."""
+    k = math.ceil(len(task_sizes) / 2)
+    return sorted(sorted(range(len(task_sizes)), key=lambda t: (task_sizes[t], -t))[:k])
+
+
+def scenario_metrics(matrix: list[list[float]], minority: list[int]) -> dict[str, float]:
+    """ACC, BWT, forgetting and the minority tasks' mean final accuracy of one scenario's matrix."""
+    last = matrix[-1]
+    return {"acc": acc(matrix), "bwt": bwt(matrix), "forgetting": forgetting(matrix),
+            "minority_acc": sum(last[t] for t in minority) / len(minority)}

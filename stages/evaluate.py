@@ -9,25 +9,10 @@ histograms after each task, and PNG renderings.
 from __future__ import annotations
 
 import json
-import math
 
 from pbr.errors import UserError
+from pbr.metrics import minority_tasks, scenario_metrics
 from stages import artifacts, faults, paths, plots
-
-
-def minority_tasks(task_sizes: list[int]) -> list[int]:
-    """The smaller half of the tasks by training size (ceil(T/2) tasks): tasks 3-5 of
-    Seq-CIFAR-10-LT ordered, as in the paper's Table 4; mixed tasks when shuffled."""
-    k = math.ceil(len(task_sizes) / 2)
-    return sorted(sorted(range(len(task_sizes)), key=lambda t: (task_sizes[t], -t))[:k])
-
-
-def scenario_metrics(matrix: list[list[float]], minority: list[int]) -> dict[str, float]:
-    from pbr import metrics
-
-    last = matrix[-1]
-    return {"acc": metrics.acc(matrix), "bwt": metrics.bwt(matrix), "forgetting": metrics.forgetting(matrix),
-            "minority_acc": sum(last[t] for t in minority) / len(minority)}
 
 
 def _head_norms(model_path, manifest) -> list[float]:

@@ -58,3 +58,14 @@ def test_task_accuracy_on_cuda_with_host_classes():
     logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0]], device="cuda")
     n = task_accuracy(logits, torch.tensor([2, 0], device="cuda"), torch.tensor([0, 2]), "task_il")
     assert n.device.type == "cuda" and int(n) == 2
+
+
+def test_minority_tasks_and_scenario_metrics_by_hand():
+    from pbr.metrics import minority_tasks, scenario_metrics
+
+    # Seq-CIFAR-10-LT's task sizes: the three smallest are the last three (the paper's Table 4).
+    assert minority_tasks([7997, 2873, 1032, 371, 133]) == [2, 3, 4]
+    # Equal sizes: the later tasks count as the minority.
+    assert minority_tasks([5, 5, 5, 5]) == [2, 3]
+    m = scenario_metrics([[90.0, float("nan")], [60.0, 80.0]], [1])
+    assert m == {"acc": 70.0, "bwt": -30.0, "forgetting": 30.0, "minority_acc": 80.0}
