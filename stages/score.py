@@ -10,10 +10,11 @@ stage keeps its tasks), so a killed scoring goes on from its last finished task.
 
 from __future__ import annotations
 
-
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from stages import artifacts, faults, paths, plots, resume, threads
 
@@ -89,65 +90,97 @@ def _score(method, images, T, tau, batch_size, pre, gen, classes, dropout, task,
     return mi, ent, pred
 
 
-def run(cfg, log=print, tracker=None) -> dict:
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+@dataclass
+class _Scoring:
+    """What scoring every task shares: the data, the final model, the MC settings, the generator."""
+
+    manifest: dict
+    device: Any
+    gen: Any
+    final: Any
+    T: int
+    tau: float
+    batch_size: int
+    dropout: float
+    pre: Callable
+
+    def task(self, k: int) -> dict:
+        """Task k's training and test samples scored by the model of task k's end and the final one."""
+        import numpy as np
+        import torch
+
+        from pbr.data.shards import read_split
+        from stages.trained import load_method
+
+        m, dev = self.manifest, self.device
+        own, _ = load_method(paths.TRAIN / f"task_{k:02d}" / "model.pt", m, dev, self.gen)
+        seen = torch.tensor(sorted(c for t in m["task_classes"][: k + 1] for c in t), device=dev)
+        every = torch.tensor(sorted(c for t in m["task_classes"] for c in t), device=dev)
+        own_classes = torch.tensor(m["task_classes"][k], device=dev)
+        cols: dict[str, list] = {c: [] for c in COLUMNS}
+        for split in ("train", "test"):
+            s = read_split(paths.PREPARED, m, k, split)
+            images = torch.from_numpy(s.images).permute(0, 3, 1, 2)
+            labels = torch.from_numpy(s.labels).to(dev)
+            args = (self.T, self.tau, self.batch_size, self.pre, self.gen)
+            mi, ent, pred = _score(own, images, *args, seen, self.dropout, k, own_classes)
+            mi_f, ent_f, pred_f = _score(self.final, images, *args, every, self.dropout, k, own_classes)
+            n = len(s.labels)
+            cols["split"].append(np.full(n, split))
+            cols["index"].append(s.indices)
+            cols["label"].append(s.labels)
+            cols["task"].append(np.full(n, k))
+            cols["class_count"].append(np.asarray(m["train_counts"])[s.labels])
+            for name, v in (("mi", mi), ("entropy", ent), ("mi_final", mi_f), ("entropy_final", ent_f)):
+                cols[name].append(v.float().cpu().numpy())
+            cols["correct_own"].append((pred == labels).cpu().numpy())
+            cols["correct_final"].append((pred_f == labels).cpu().numpy())
+        return {c: np.concatenate(v) for c, v in cols.items()}
+
+
+def _setup(cfg) -> tuple[_Scoring, Path]:
+    """The scoring's settings, "auto" answered by the trained run's own method."""
     import torch
 
     from pbr.data.augment import MEAN_STD, normalize
-    from pbr.data.shards import load_manifest, read_split
+    from pbr.data.shards import load_manifest
     from pbr.errors import UserError
     from pbr.methods import METHODS
     from stages.train import resolve_device
     from stages.trained import load_method
 
     manifest = load_manifest(paths.PREPARED)
-    n_tasks = manifest["n_tasks"]
-    last = paths.TRAIN / f"task_{n_tasks - 1:02d}" / "model.pt"
+    last = paths.TRAIN / f"task_{manifest['n_tasks'] - 1:02d}" / "model.pt"
     if not last.is_file():
         raise UserError(f"{last} is missing: training has not finished; run `dvc repro train`")
     device = resolve_device(cfg.train.device)
     threads.configure(cfg.train.threads)
     mean, std = MEAN_STD[manifest["dataset"]]
-    pre = lambda x: normalize(x, mean, std)  # noqa: E731
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    T, bs = cfg.method.mc_samples, cfg.train.eval_batch_size
     final, saved = load_method(last, manifest, device, gen)
     dropout = cfg.score.dropout if cfg.score.dropout != "auto" else (saved["dropout"] or 0.1)
     # auto: the method says, from the trained run's own settings (not today's params.yaml)
     tau = cfg.score.temperature if cfg.score.temperature != "auto" else \
         METHODS[saved["method"]].score_temperature(saved["settings"])
-    counts = manifest["train_counts"]
-    all_classes = torch.tensor(sorted(c for t in manifest["task_classes"] for c in t), device=device)
-    fp = _fingerprint(last, T, tau, bs, dropout, cfg.seed, device)
+    return _Scoring(manifest, device, gen, final, cfg.method.mc_samples, tau, cfg.train.eval_batch_size, dropout,
+                    lambda x: normalize(x, mean, std)), last
+
+
+def run(cfg, log=print, tracker=None) -> dict:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sc, last = _setup(cfg)
+    n_tasks = sc.manifest["n_tasks"]
+    fp = _fingerprint(last, sc.T, sc.tau, sc.batch_size, sc.dropout, cfg.seed, sc.device)
     parts, start = _take_back(fp, n_tasks)
     if start:
-        gen.set_state(parts[-1].pop("_generator"))
+        sc.gen.set_state(parts[-1].pop("_generator"))
         log(f"scoring: took back tasks 1-{start} of this scoring from {resume.STORE}; resuming at task {start + 1}")
     for k in range(start, n_tasks):
-        own, _ = load_method(paths.TRAIN / f"task_{k:02d}" / "model.pt", manifest, device, gen)
-        seen = torch.tensor(sorted(c for t in manifest["task_classes"][: k + 1] for c in t), device=device)
-        cols: dict[str, list] = {c: [] for c in COLUMNS}
-        for split in ("train", "test"):
-            s = read_split(paths.PREPARED, manifest, k, split)
-            images = torch.from_numpy(s.images).permute(0, 3, 1, 2)
-            labels = torch.from_numpy(s.labels).to(device)
-            own_classes = torch.tensor(manifest["task_classes"][k], device=device)
-            mi, ent, pred = _score(own, images, T, tau, bs, pre, gen, seen, dropout, k, own_classes)
-            mi_f, ent_f, pred_f = _score(final, images, T, tau, bs, pre, gen, all_classes, dropout, k, own_classes)
-            n = len(s.labels)
-            cols["split"].append(np.full(n, split))
-            cols["index"].append(s.indices)
-            cols["label"].append(s.labels)
-            cols["task"].append(np.full(n, k))
-            cols["class_count"].append(np.asarray(counts)[s.labels])
-            for name, v in (("mi", mi), ("entropy", ent), ("mi_final", mi_f), ("entropy_final", ent_f)):
-                cols[name].append(v.float().cpu().numpy())
-            cols["correct_own"].append((pred == labels).cpu().numpy())
-            cols["correct_final"].append((pred_f == labels).cpu().numpy())
-        parts.append({c: np.concatenate(v) for c, v in cols.items()})
-        _keep(fp, k, parts[-1], gen.get_state().numpy())
+        parts.append(sc.task(k))
+        _keep(fp, k, parts[-1], sc.gen.get_state().numpy())
         log(f"scored task {k + 1}/{n_tasks}")
         faults.point(f"score:after_task{k}")
     data = {c: np.concatenate([p[c] for p in parts]) for c in COLUMNS}
@@ -156,8 +189,19 @@ def run(cfg, log=print, tracker=None) -> dict:
     with artifacts.atomic_dir(paths.SCORE) as tmp:
         pq.write_table(table, tmp / "scores.parquet")
     resume.forget(fp)
+    summary = _summaries(data, sc.manifest, tracker)
+    log(f"wrote {paths.SCORE / 'scores.parquet'} ({len(data['label'])} samples): mean MI {summary['score.mean_mi']:.4g}, "
+        f"forgotten {100 * summary['score.forgotten_rate']:.1f}% (MI {summary['score.mi_forgotten']:.3g} vs kept "
+        f"{summary['score.mi_kept']:.3g})")
+    return summary
 
-    # Per class (training samples): the paper's motivation, minority classes more uncertain.
+
+def _summaries(data: dict, manifest: dict, tracker) -> dict:
+    """The paper's motivation from the scores: per class (minority classes more uncertain), and
+    forgotten against kept samples by MI; CSVs and plots under reports/score/, summary metrics."""
+    import numpy as np
+
+    counts = manifest["train_counts"]
     train = data["split"] == "train"
     by_class = []
     for pos, c in enumerate(manifest["class_order"]):
@@ -192,7 +236,4 @@ def run(cfg, log=print, tracker=None) -> dict:
         tracker.log_metrics(summary)
         for f in sorted(out.iterdir()):
             tracker.log_artifact(f, "score")
-    log(f"wrote {paths.SCORE / 'scores.parquet'} ({len(data['label'])} samples): mean MI {summary['score.mean_mi']:.4g}, "
-        f"forgotten {100 * summary['score.forgotten_rate']:.1f}% (MI {summary['score.mi_forgotten']:.3g} vs kept "
-        f"{summary['score.mi_kept']:.3g})")
     return summary
