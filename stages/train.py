@@ -198,17 +198,8 @@ class _TaskRecorder:
         faults.point(f"train:after_task{k}")
 
 
-def run(cfg: Config, log=print, tracker=None) -> dict:
-    import torch
-
-    from pbr.data.shards import load_manifest
-    from pbr.loop import train_tasks
-
-    manifest = load_manifest(paths.PREPARED)
-    device = resolve_device(cfg.train.device)
-    n_threads = threads.configure(cfg.train.threads)
-    s, sources = settings(cfg, device)
-    out = paths.TRAIN
+def _refuse(cfg: Config, manifest: dict, s: dict, device) -> None:
+    """Settings that cannot train on this prepared data or device: one line, before anything is written."""
     if manifest["n_tasks"] != cfg.data.n_tasks:
         raise UserError(f"{paths.PREPARED} holds {manifest['n_tasks']} tasks but data.n_tasks = {cfg.data.n_tasks}; "
                         f"run dvc repro prepare (or pbr prepare) to rebuild it")
@@ -221,19 +212,25 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         # torch 2.14's compiled CPU kernels crash the process (double free) at width 4.
         raise UserError(f"train.compile = true with model.width = {s['width']} crashes torch's compiled "
                         f"CPU kernels; use model.width >= 8 or train.compile: false")
-    if "hardware" in sources:
-        log(f"train.precision / train.channels_last auto on {device}: {sources['hardware']}")
-    fp = fingerprint(s, manifest, device)
+
+
+def _keep_or_start_over(out: Path, fp: str, n_tasks: int, log) -> None:
+    """Keep the finished tasks of this very run (taking them back from the resume store where
+    `dvc exp run` checked other outputs over them); start over when settings, data or code changed."""
     run_file = out / "run.json"
     saved_fp = json.loads(run_file.read_text()).get("fingerprint") if run_file.is_file() else None
-    have = _finished_tasks(out, manifest["n_tasks"]) if saved_fp == fp else 0
-    back = resume.restore(out, fp, have, lambda p: _finished_tasks(p, manifest["n_tasks"]))
+    have = _finished_tasks(out, n_tasks) if saved_fp == fp else 0
+    back = resume.restore(out, fp, have, lambda p: _finished_tasks(p, n_tasks))
     if back:
         log(f"{out}: took back the {back} finished task(s) of this run from {resume.STORE} (dvc exp run "
             "checks out other outputs over them)")
     elif saved_fp is not None and saved_fp != fp:
         log(f"{out}: settings, data or code changed since the saved tasks; starting over")
         shutil.rmtree(out)
+
+
+def _record_run(out: Path, fp: str, s: dict, sources: dict, device, n_threads: int, n_tasks: int, tracker) -> None:
+    """run.json and the MLflow tags: the resolved settings, where each came from, the machine."""
     if tracker is not None:
         from pbr.data.shards import manifest_hash
 
@@ -243,10 +240,47 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
                           **{f"source.{k}": v for k, v in sources.items() if v != "params"}})
     # threads are recorded, not fingerprinted: a run resumed with other threads goes on (results may
     # differ in the last digits, as any change of thread count does on a CPU).
-    artifacts.write_text(run_file, json.dumps({"fingerprint": fp, "settings": s, "sources": sources,
-                                               "device": str(device), "threads": n_threads,
-                                               "n_tasks": manifest["n_tasks"]}, indent=1))
+    artifacts.write_text(out / "run.json", json.dumps({"fingerprint": fp, "settings": s, "sources": sources,
+                                                       "device": str(device), "threads": n_threads,
+                                                       "n_tasks": n_tasks}, indent=1))
     resume.keep(out, "run.json", fp)
+
+
+def _restore(method, out: Path, start: int, device, gen) -> tuple[dict, list]:
+    """The method, the generators and the logs as they were after finished task `start`."""
+    import torch
+
+    last = out / f"task_{start - 1:02d}"
+    state = torch.load(last / STATE, map_location=device, weights_only=False)
+    method.load_model_state(torch.load(last / "model.pt", map_location=device, weights_only=False))
+    method.load_state_dict(state["method"])
+    # RNG states are CPU byte tensors whatever the device (map_location moved them).
+    gen.set_state(state["generator"].cpu())
+    torch.set_rng_state(state["torch_rng"].cpu())
+    if state["cuda_rng"] is not None:
+        torch.cuda.set_rng_state_all([r.cpu() for r in state["cuda_rng"]])
+    history = json.loads(state["log"])
+    return history["rows"], history["epochs"]
+
+
+def run(cfg: Config, log=print, tracker=None) -> dict:
+    import torch
+
+    from pbr.data.shards import load_manifest
+    from pbr.loop import train_tasks
+
+    manifest = load_manifest(paths.PREPARED)
+    n_tasks = manifest["n_tasks"]
+    device = resolve_device(cfg.train.device)
+    n_threads = threads.configure(cfg.train.threads)
+    s, sources = settings(cfg, device)
+    out = paths.TRAIN
+    _refuse(cfg, manifest, s, device)
+    if "hardware" in sources:
+        log(f"train.precision / train.channels_last auto on {device}: {sources['hardware']}")
+    fp = fingerprint(s, manifest, device)
+    _keep_or_start_over(out, fp, n_tasks, log)
+    _record_run(out, fp, s, sources, device, n_threads, n_tasks, tracker)
 
     torch.manual_seed(cfg.seed)
     init_gen = torch.Generator().manual_seed(cfg.seed)  # same initial weights on every device
@@ -256,22 +290,11 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     if s["compile"]:
         method.net.compile()  # the forward only: state_dict keys stay the same; copies (the teacher) run eager
 
-    n_tasks = manifest["n_tasks"]
     rows: dict = {"class_il": [], "task_il": []}
     epochs_log: list = []
     start = _finished_tasks(out, n_tasks)
     if start:
-        last = out / f"task_{start - 1:02d}"
-        state = torch.load(last / STATE, map_location=device, weights_only=False)
-        method.load_model_state(torch.load(last / "model.pt", map_location=device, weights_only=False))
-        method.load_state_dict(state["method"])
-        # RNG states are CPU byte tensors whatever the device (map_location moved them).
-        gen.set_state(state["generator"].cpu())
-        torch.set_rng_state(state["torch_rng"].cpu())
-        if state["cuda_rng"] is not None:
-            torch.cuda.set_rng_state_all([r.cpu() for r in state["cuda_rng"]])
-        history = json.loads(state["log"])
-        rows, epochs_log = history["rows"], history["epochs"]
+        rows, epochs_log = _restore(method, out, start, device, gen)
         log(f"resuming after task {start} of {n_tasks} (finished tasks are kept in {out})")
         for k in range(start):  # this run gets the finished tasks' records too
             _track_task(tracker, k, rows, epochs_log, s["epochs"])
