@@ -58,6 +58,9 @@ class Setting:
     # A preset: it picks what "auto" means for other keys, so a run is labelled by the preset and
     # by the keys that differ from that preset's values.
     selects_defaults: bool = False
+    # What a run recorded before this setting existed ran with, where that differs from `default`
+    # (the setting switched on a behaviour change): the report reads such a run with it.
+    before: Any = None
 
 
 @dataclass(frozen=True)

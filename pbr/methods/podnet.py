@@ -55,7 +55,8 @@ SETTINGS = (
             "a positive integer"),
     Setting("nca", Literal["ltcil", "podnet_paper"], "ltcil",
             "PODNet+: the classification loss, LT-CIL's call of the NCA (cross-entropy on eta x similarity) or the "
-            "PODNet paper's (the margin on the true class, the positive out of the denominator, hinged)"),
+            "PODNet paper's (the margin on the true class, the positive out of the denominator, hinged)",
+            before="podnet_paper"),
     Setting("nca_margin", float, 0.6, "PODNet: margin of the NCA loss (read with nca: podnet_paper only)",
             non_negative, "a number >= 0"),
     Setting("nca_scale", float, 10.0, "PODNet: scale eta of the similarities in the NCA loss", positive,
@@ -63,7 +64,7 @@ SETTINGS = (
     Setting("lws_epochs", int, 30, "PODNet+: epochs of the class-balanced weight-scaling stage (0: PODNet alone)",
             non_negative, "an integer >= 0"),
     Setting("lws_lr_factor", float, 10.0, "PODNet+: the weight-scaling stage trains at lr / lws_lr_factor (LT-CIL's "
-            "--lr-factor, 10 in its CIFAR-100 script)", positive, "a positive number"),
+            "--lr-factor, 10 in its CIFAR-100 script)", positive, "a positive number", before=1.0),
 )
 
 
