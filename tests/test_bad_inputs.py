@@ -132,11 +132,35 @@ def _project(path, raw_root, **sections):
 
 
 def _pbr(repo, stage):
+    """The real `pbr STAGE` process (its imports, its stderr, its exit status)."""
     import os
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}"}
     return subprocess.run([sys.executable, "-m", "stages.cli", stage], cwd=repo, capture_output=True, text=True,
                           env=env, timeout=300)
+
+
+@pytest.fixture
+def pbr(monkeypatch, capfd):
+    """`pbr STAGE` through the CLI's own main() in this process: the same one-line error and exit
+    status, without a process start (torch and MLflow imports, ~6 CPU s) per case. Real processes:
+    the corrupted shard below, test_config's CLI tests, the missing archive in test_prepare_dvc."""
+    from stages import cli
+
+    def run(repo, stage):
+        monkeypatch.chdir(repo)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{repo / 'mlflow.db'}")
+        monkeypatch.setattr(sys, "argv", ["pbr", stage])
+        capfd.readouterr()
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as e:
+            code = e.code or 0
+        said = capfd.readouterr()
+        return subprocess.CompletedProcess(sys.argv, code, said.out, said.err)
+
+    return run
 
 
 def _one_line_error(r, *needles):
@@ -162,9 +186,18 @@ def raw(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, raw):
+    import os
+
+    from stages import prepare
+    from stages.config import load_config
+
     repo = _project(tmp_path_factory.mktemp("prepared"), raw)
-    r = _pbr(repo, "prepare")
-    assert r.returncode == 0, r.stderr
+    cwd = os.getcwd()
+    os.chdir(repo)
+    try:
+        prepare.run(load_config(repo / "params.yaml"), log=lambda *_: None)
+    finally:
+        os.chdir(cwd)
     return repo
 
 
@@ -173,7 +206,7 @@ def prepared(tmp_path_factory, raw):
     ("garbage", "truncated or corrupt"),
     ("missing", "no cifar10 data in"),
 ])
-def test_bad_archive(tmp_path, damage, needle):
+def test_bad_archive(tmp_path, damage, needle, pbr):
     raw = tmp_path / "raw"
     archive = fakedata.write_cifar(raw, 10, 20, 4)
     if damage == "truncate":
@@ -183,20 +216,20 @@ def test_bad_archive(tmp_path, damage, needle):
     else:
         archive.unlink()
     repo = _project(tmp_path / "repo", raw)
-    _one_line_error(_pbr(repo, "prepare"), needle)
+    _one_line_error(pbr(repo, "prepare"), needle)
     assert not (repo / "data").exists() and not _leftovers(repo)
 
 
-def test_a_class_left_with_no_sample(tmp_path, raw):
+def test_a_class_left_with_no_sample(tmp_path, raw, pbr):
     repo = _project(tmp_path, raw, data={"imbalance_ratio": 0.001})
-    _one_line_error(_pbr(repo, "prepare"), "data.imbalance_ratio", "no training image", "ratio >=")
+    _one_line_error(pbr(repo, "prepare"), "data.imbalance_ratio", "no training image", "ratio >=")
     assert not (repo / "data/prepared").exists() and not _leftovers(repo)
 
 
-def test_output_folder_that_cannot_be_written(tmp_path, raw):
+def test_output_folder_that_cannot_be_written(tmp_path, raw, pbr):
     repo = _project(tmp_path, raw)
     (repo / "data").write_text("a file where the output folder should go")
-    _one_line_error(_pbr(repo, "prepare"), "data")
+    _one_line_error(pbr(repo, "prepare"), "data")
     assert (repo / "data").read_text().startswith("a file") and not _leftovers(repo)
 
 
@@ -217,16 +250,16 @@ def test_corrupted_shard_is_caught_before_training(tmp_path, prepared):
     assert not list((repo / "artifacts/train").glob("task_*")) and not _leftovers(repo)
 
 
-def test_buffer_larger_than_the_stream(tmp_path, prepared):
+def test_buffer_larger_than_the_stream(tmp_path, prepared, pbr):
     repo = _copy(prepared, tmp_path, method={"name": "er", "buffer_size": 100000})
-    _one_line_error(_pbr(repo, "train"), "method.buffer_size = 100000 is larger than the whole training stream")
+    _one_line_error(pbr(repo, "train"), "method.buffer_size = 100000 is larger than the whole training stream")
     assert not (repo / "artifacts").exists() and not _leftovers(repo)
 
 
-def test_training_output_that_cannot_be_written(tmp_path, prepared):
+def test_training_output_that_cannot_be_written(tmp_path, prepared, pbr):
     repo = _copy(prepared, tmp_path)
     (repo / "artifacts").write_text("in the way")
-    _one_line_error(_pbr(repo, "train"), "artifacts")
+    _one_line_error(pbr(repo, "train"), "artifacts")
     assert not _leftovers(repo)
 
 
