@@ -101,6 +101,11 @@ def finished_project(tmp: Path) -> Path:
     return repo
 
 
+# MLflow 3's server also starts a job runner and four huey consumers (GenAI jobs, which nothing here
+# uses): eight more processes, ~18 CPU s at start-up and polling after, on CI's two cores.
+NO_SERVER_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 def free_port() -> int:
     import socket
 
@@ -121,8 +126,8 @@ def mlflow_server(tmp: Path, *args: str, extra_env: dict | None = None):
     server = subprocess.Popen(
         [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{tmp / 'server.db'}", "--artifacts-destination", str(tmp / "server-artifacts"),
-         *args], env={**env(), **(extra_env or {})}, stdout=subprocess.DEVNULL, stderr=open(tmp / "server.log", "w"),
-        start_new_session=True)
+         *args], env={**env(), **NO_SERVER_JOBS, **(extra_env or {})}, stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "server.log", "w"), start_new_session=True)
     try:
         uri = f"http://127.0.0.1:{port}"
         deadline = time.time() + 120

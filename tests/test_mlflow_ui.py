@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from project import BIN, copy_project, env, free_port
+from project import BIN, NO_SERVER_JOBS, copy_project, env, free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [pytest.mark.slow,
@@ -36,8 +36,8 @@ def test_pbr_ui_opens_on_the_training_runs_and_their_charts(tmp_path, finished):
     acc = json.loads((repo / "reports/metrics.json").read_text())["class_il"]["acc"]
 
     port = free_port()
-    ui = subprocess.Popen([str(BIN / "pbr"), "ui", "--port", str(port)], cwd=repo, env=env(), text=True,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    ui = subprocess.Popen([str(BIN / "pbr"), "ui", "--port", str(port)], cwd=repo, env={**env(), **NO_SERVER_JOBS},
+                          text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         said = ui.stderr.readline()
         link = re.match(r"open (http://127\.0\.0\.1:\d+/\S+)", said)
