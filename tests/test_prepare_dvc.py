@@ -43,6 +43,8 @@ def test_dvc_repro_prepare(tmp_path, dataset, form, ir, n_tasks):
     assert (repo / "dvc.lock").is_file()
     rows = list(csv.DictReader(open(repo / "reports/prepare/class_counts.csv")))
     assert [int(r["train_count"]) for r in rows] == [m["train_counts"][c] for c in m["class_order"]]
+    if dataset != "cifar10":
+        return  # what DVC does with the stage below does not depend on the data's format
     # Nothing changed: nothing runs.
     assert "didn't change" in dvc(repo, "repro", "prepare").stdout
     # The declared plots render.
