@@ -86,10 +86,11 @@ def _start(run, out: Path, base: dict, env: dict[str, str]) -> subprocess.Popen 
         link.parent.mkdir(exist_ok=True)
         link.symlink_to(_prepared(out, params, env))
     script = f"{sys.executable} -m stages.cli train && {sys.executable} -m stages.cli evaluate"
-    log = open(d / "run.log", "a")
-    # Named in MLflow as the sweep names it (as a queued DVC experiment would be).
-    return subprocess.Popen(["sh", "-c", script], cwd=d, env={**env, "DVC_EXP_NAME": run.name}, stdout=log,
-                            stderr=subprocess.STDOUT)
+    # Named in MLflow as the sweep names it (as a queued DVC experiment would be). The child keeps
+    # its own copy of the log's descriptor: ours is closed at once (a long sweep opens no pile of files).
+    with open(d / "run.log", "a") as log:
+        return subprocess.Popen(["sh", "-c", script], cwd=d, env={**env, "DVC_EXP_NAME": run.name}, stdout=log,
+                                stderr=subprocess.STDOUT)
 
 
 def _finish(run, out: Path, rc: int, seconds: float) -> dict | None:
