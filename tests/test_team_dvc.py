@@ -67,8 +67,9 @@ def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, m
         # bob's machine then runs task 1 again (a re-queued job) after alice's machine finished it.
         names = {}
         for machine, user, k in (("alice-node", "alice", 1), ("bob-node", "bob", 2), ("bob-node", "bob", 1)):
+            # POLL_SECONDS: each poll is a `dvc queue status` (~0.7 CPU s); every 2 s cost ~15 CPU s a shard.
             e = {**_as(user, uri), "REPO": str(origin), "WORK": str(tmp_path / machine), "GRID": "table3",
-                 "SEEDS": "1", "JOBS": "1", "SWEEP_ARGS": "--only data.imbalance_ratio=0.1", "POLL_SECONDS": "2",
+                 "SEEDS": "1", "JOBS": "1", "SWEEP_ARGS": "--only data.imbalance_ratio=0.1", "POLL_SECONDS": "5",
                  "SLURM_ARRAY_TASK_ID": str(k), "SLURM_ARRAY_TASK_COUNT": "2"}
             r = subprocess.run(["bash", str(ROOT / "examples/slurm_sweep.sh")], cwd=tmp_path, env=e,
                                capture_output=True, text=True, timeout=900)
