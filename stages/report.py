@@ -210,8 +210,11 @@ def resolved(params: dict[str, str]) -> dict[str, str]:
     out = dict(params)
     dataset, buffer = params.get("data.dataset", "cifar10"), int(params.get("method.buffer_size", "0") or 0)
     # The method resolves its own "auto"s (a preset included), as it did when the run trained.
-    # A key the run did not record: it ran before the setting existed, with what the code did then.
-    given = {s.key: params.get(f"method.{s.key}", s.default if s.before is None else s.before) for s in cls.settings}
+    # A run that recorded the method's settings but not this one ran before it existed, with what the
+    # code did then (a partial dict, e.g. a sweep's overrides, reads as today's defaults).
+    recorded = any(f"method.{s.key}" in params for s in cls.settings)
+    given = {s.key: params.get(f"method.{s.key}", s.before if recorded and s.before is not None else s.default)
+             for s in cls.settings}
     opts, _ = cls.options(dataset, buffer, lr=params.get("train.lr", "auto"), **given)
     for key in ("train.lr", *(f"method.{k}" for k in cls.setting_keys())):
         out[key] = _canonical(getattr(opts, key.split(".")[1]))

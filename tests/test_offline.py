@@ -31,7 +31,7 @@ def test_an_offline_sweep_runs_records_resumes_and_imports(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     out, store = tmp_path / "offline", tmp_path / "project.db"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
-    sweep = ["sweep", "fidelity", "--budget", "quick", "--seeds", "7-7", "--only", "row=pbr,er-lr0.1",
+    sweep = ["sweep", "fidelity", "--budget", "quick", "--seeds", "7-7", "--only", "row=er-lr0.1,er-lr0.03",
              "-S", "data.imbalance_ratio=0.5", "-S", "method.buffer_size=10", "--offline", str(out), "--jobs", "2"]
     r = _pbr(*sweep, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -62,7 +62,7 @@ def test_an_offline_sweep_runs_records_resumes_and_imports(tmp_path):
     report = _pbr("report", "--no-log", "--csv", str(tmp_path / "r.csv"), cwd=tmp_path, env=env)
     assert report.returncode == 0, report.stderr[-2000:]
     rows = [line.split("|")[2].strip() for line in report.stdout.splitlines() if line.startswith("| ")]
-    assert {"PBR", "ER"} <= set(rows), report.stdout
+    assert {"ER", "ER (lr 0.03)"} <= set(rows), report.stdout
 
 
 def test_a_backwards_seed_range_is_a_one_line_error(tmp_path):

@@ -542,7 +542,7 @@ def test_presets_read_as_one_word_and_old_spelled_out_runs_join_the_tuned_row():
 def test_a_run_from_before_a_setting_existed_is_read_with_what_it_ran():
     """PODNet+ followed the PODNet paper's NCA at the full lr until `method.nca` and
     `method.lws_lr_factor` came in: a run that never recorded them is not the LT-CIL row."""
-    p = {**BASE, "method.name": "podnet", "train.lr": "auto", "seed": "0"}
+    p = {**BASE, "method.name": "podnet", "train.lr": "auto", "seed": "0", "method.pod_spatial": "3.0"}
     old, new = dict(p), {**p, "method.nca": "ltcil", "method.lws_lr_factor": "10.0"}
     assert report.method_label(new) == "PODNet+"
     assert report.method_label(old) == "PODNet+ (nca podnet_paper, lws_lr_factor 1.0)"
