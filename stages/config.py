@@ -57,24 +57,53 @@ Auto = Literal["auto"]
 
 
 def _method_config() -> type:
-    """The `method` section from the method registry: name and buffer_size, then every key a
-    registered method declares (pbr/methods): a new method's settings need no edit here."""
+    """The `method` section from the method registry (pbr/methods): name, buffer_size and the
+    shared keys, then one section per method holding the keys it alone reads (method.pbr.tau1,
+    method.ewc_on.gamma): two methods' keys never collide, and a new method's settings need no
+    edit here."""
     from pbr.methods import METHODS
 
     fields: list = [
         ("name", Literal[tuple(METHODS)], field(default="pbr")),
         ("buffer_size", int, _key(_non_negative, "an integer >= 0", default=200)),
     ]
-    declared: dict[str, Any] = {}
+    shared: dict[str, Any] = {}
     for cls in METHODS.values():
         for s in cls.settings:
-            first = declared.setdefault(s.key, s)
+            if not s.shared:
+                continue
+            first = shared.setdefault(s.key, s)
             if (first.type, first.default, first.allowed) != (s.type, s.default, s.allowed):
-                raise TypeError(f"method.{s.key} is declared differently by two methods (one is {cls.name}); "
-                                f"declare it alike (share one Setting)")
-    for s in declared.values():
+                raise TypeError(f"method.{s.key} is shared but declared differently by two methods (one is "
+                                f"{cls.name}); declare it alike (share one Setting)")
+    for s in shared.values():
         fields.append((s.key, s.type, _key(s.check, s.allowed, default=s.default)))
+    for cls in METHODS.values():
+        own = [(s.key, s.type, _key(s.check, s.allowed, default=s.default)) for s in cls.settings if not s.shared]
+        if own:
+            section = dataclasses.make_dataclass(f"{cls.name}_config", own, frozen=True)
+            fields.append((cls.name, section, field(default_factory=section)))
     return dataclasses.make_dataclass("MethodConfig", fields, frozen=True)
+
+
+def method_values(method) -> dict[str, Any]:
+    """The keys the running method (method.name) reads, as given: its own section and the shared keys
+    it declares, by their bare names (what the method's `options` takes)."""
+    from pbr.methods import METHODS
+
+    cls = METHODS[method.name]
+    section = getattr(method, cls.name, None)
+    return {s.key: getattr(method if s.shared else section, s.key) for s in cls.settings}
+
+
+def _moved(key: str) -> str | None:
+    """Where a method key of the old flat spelling (method.tau1) lives now, or None."""
+    from pbr.methods import METHODS
+
+    owners = [cls.name for cls in METHODS.values() if any(s.key == key and not s.shared for s in cls.settings)]
+    if not owners:
+        return None
+    return " or ".join(f"'method.{o}.{key}'" for o in owners)
 
 
 MethodConfig = _method_config()
@@ -114,8 +143,11 @@ class ModelConfig:
 class ScoreConfig:
     # MC dropout needs a dropout rate: "auto" uses the trained one, or 0.1 for a net trained without.
     dropout: float | Auto = _key(lambda v: 0 < v < 1, "a number in (0, 1) or auto", default="auto")
-    # softmax temperature of the MC probabilities: "auto" = method.tau1 for the cosine head, 1 for linear.
+    # softmax temperature of the MC probabilities: "auto" = the trained run's own (its method answers).
     temperature: float | Auto = _key(_positive, "a positive number or auto", default="auto")
+    # T, the MC-dropout passes: "auto" = the trained run's own T where its method scores while
+    # training (PBR's method.pbr.mc_samples), else 20.
+    mc_samples: int | Auto = _key(_positive, "a positive integer or auto", default="auto")
 
 
 @dataclass(frozen=True)
@@ -141,8 +173,10 @@ class Config:
         return dataclasses.asdict(self, dict_factory=lambda kv: {k: list(v) if isinstance(v, tuple) else v
                                                                  for k, v in kv})
 
-    def flat(self) -> dict[str, Any]:
-        """Dotted keys, as `dvc exp run -S` and MLflow params spell them."""
+    def flat(self, every_method: bool = False) -> dict[str, Any]:
+        """Dotted keys, as `dvc exp run -S` and MLflow params spell them; of the method sections,
+        the running method's only (another method's keys cannot change this run), or with
+        `every_method` all of them (params.yaml's shape)."""
         out: dict[str, Any] = {}
 
         def walk(prefix: str, d: dict) -> None:
@@ -152,7 +186,10 @@ class Config:
                 else:
                     out[prefix + k] = v
 
-        walk("", self.to_dict())
+        d = self.to_dict()
+        d["method"] = {k: v for k, v in d["method"].items()
+                       if every_method or not isinstance(v, dict) or k == self.method.name}
+        walk("", d)
         return out
 
 
@@ -214,6 +251,10 @@ def _build(cls, raw: Any, prefix: str, source: str):
     kwargs = {}
     for key, value in raw.items():
         if key not in fields:
+            moved = _moved(str(key)) if prefix == "method." else None
+            if moved:
+                raise ConfigError(f"{source}: '{prefix}{key}' is now spelled {moved} (each method's own keys "
+                                  f"live under its name); move it there")
             close = difflib.get_close_matches(str(key), fields, n=1)
             hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
             where = f"'{prefix.rstrip('.')}'" if prefix else "the top level"

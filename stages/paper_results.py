@@ -5,7 +5,7 @@ Key: (setting, imbalance_ratio, dataset, method_label, buffer_size or None)
   -> (class_il or None, task_il or None); None where the paper prints "-" or gives no number.
 method_label is the row label of `pbr report` (stages/report.py, `method_label`):
   the paper's "Ours - Uncertainty" / "Ours" is "PBR", "Ours - Random" is "PBR (random)" or, read
-  as the online reservoir, "PBR (online reservoir)"; the paper as written (method.preset: paper)
+  as the online reservoir, "PBR (online reservoir)"; the paper as written (method.pbr.preset: paper)
   is "PBR (paper-literal)", beside the same "Ours" numbers,
   the linear-classifier ablation is "PBR (linear)"; "SGD-LT"/"JOINT-LT" are SGD/JOINT at IR 0.01,
   and "SGD-BL"/"JOINT-BL" (the balanced stream) are SGD/JOINT at IR 1 (docs/method.md).
@@ -146,7 +146,7 @@ PAPER_RESULTS = {
     ("ordered", 0.01, "cifar10", "PBR (random, linear)", 200): (33.21, 76.64),
     ("ordered", 0.01, "cifar10", "PBR (linear)", 200): (33.66, 76.45),
     # "Ours - Random" ("our method with random reservoir sampling") read the other way: PBR's loss
-    # with Vitter's online reservoir instead of the walk (method.sampling: reservoir; docs/method.md,
+    # with Vitter's online reservoir instead of the walk (method.pbr.sampling: reservoir; docs/method.md,
     # point 10). The same published numbers, beside either reading's row.
     ("ordered", 0.01, "cifar10", "PBR (online reservoir)", 200): (44.77, 82.50),
     ("ordered", 0.01, "cifar100", "PBR (online reservoir)", 200): (20.17, 48.32),
@@ -155,7 +155,7 @@ PAPER_RESULTS = {
     ("ordered", 0.01, "cifar100", "PBR (online reservoir)", 500): (20.94, 50.98),
     ("ordered", 0.01, "tinyimagenet", "PBR (online reservoir)", 500): (9.86, 41.26),
     ("ordered", 0.01, "cifar10", "PBR (online reservoir, linear)", 200): (33.21, 76.64),
-    # The paper's "Ours" beside the paper as written too (method.preset: paper, the fidelity row
+    # The paper's "Ours" beside the paper as written too (method.pbr.preset: paper, the fidelity row
     # pbr-literal): the configuration the published numbers claim to come from.
     ("ordered", 0.01, "cifar10", "PBR (paper-literal)", 200): (51.00, 89.99),
     ("ordered", 0.01, "cifar100", "PBR (paper-literal)", 200): (24.18, 50.66),

@@ -47,11 +47,46 @@ def _method(name: str):
     return METHODS.get(name)
 
 
-def _reads(params: dict[str, str], key: str) -> bool:
-    """Whether the run's method reads `key` (a method section key) under the run's settings."""
+def spelled(cls, key: str) -> str:
+    """The params key of a method setting: method.<method>.<key>, or method.<key> when shared."""
+    shared = any(s.key == key and s.shared for s in cls.settings)
+    return f"method.{key}" if shared else f"method.{cls.name}.{key}"
+
+
+def own_settings(params: dict[str, str]) -> dict[str, str]:
+    """The run's method settings by their bare keys (tau1, reservoir)."""
     cls = _method(params.get("method.name", ""))
-    settings = {k.removeprefix("method."): v for k, v in params.items() if k.startswith("method.")}
-    return cls is not None and cls.reads(key.removeprefix("method."), settings)
+    if cls is None:
+        return {}
+    return {s.key: params[spelled(cls, s.key)] for s in cls.settings if spelled(cls, s.key) in params}
+
+
+def respell(params: dict[str, str]) -> dict[str, str]:
+    """A run recorded before each method's keys moved under its name (method.tau1, and every other
+    method's keys beside them) read in today's spelling (method.pbr.tau1; the keys its method does
+    not declare dropped, as today's runs do not record them)."""
+    from pbr.methods import METHODS
+
+    cls = _method(params.get("method.name", ""))
+    if cls is None:
+        return params
+    own = {s.key for s in cls.settings if not s.shared}
+    shared = {s.key for m in METHODS.values() for s in m.settings if s.shared}
+    out = {}
+    for k, v in params.items():
+        bare = k.removeprefix("method.")
+        if k != bare and bare in own:
+            out.setdefault(f"method.{cls.name}.{bare}", v)
+        elif k == bare or "." in bare or bare in ("name", "buffer_size") or bare in shared:
+            out[k] = v
+        # else another method's key: it never changed this run
+    return out
+
+
+def _reads(params: dict[str, str], key: str) -> bool:
+    """Whether the run's method reads `key` (a method setting's params key) under the run's settings."""
+    cls = _method(params.get("method.name", ""))
+    return cls is not None and cls.reads(key.rsplit(".", 1)[-1], own_settings(params))
 
 
 SETTINGS = ("ordered", "shuffled")
@@ -189,11 +224,12 @@ class Report:
 
 
 
-@functools.lru_cache(maxsize=1)
-def _schema_defaults() -> dict[str, str]:
-    from stages.config import Config
+@functools.lru_cache(maxsize=None)
+def _schema_defaults(method: str = "pbr") -> dict[str, str]:
+    """params.yaml's schema defaults for a run of `method` (its own section, the shared keys)."""
+    from stages.config import Config, MethodConfig
 
-    return {k: str(v) for k, v in Config().flat().items()}
+    return {k: str(v) for k, v in Config(method=MethodConfig(name=method)).flat().items()}
 
 
 def _schema_default(key: str) -> str:
@@ -212,12 +248,13 @@ def resolved(params: dict[str, str]) -> dict[str, str]:
     # The method resolves its own "auto"s (a preset included), as it did when the run trained.
     # A run that recorded the method's settings but not this one ran before it existed, with what the
     # code did then (a partial dict, e.g. a sweep's overrides, reads as today's defaults).
-    recorded = any(f"method.{s.key}" in params for s in cls.settings)
-    given = {s.key: params.get(f"method.{s.key}", s.before if recorded and s.before is not None else s.default)
+    recorded = any(spelled(cls, s.key) in params for s in cls.settings)
+    given = {s.key: params.get(spelled(cls, s.key), s.before if recorded and s.before is not None else s.default)
              for s in cls.settings}
     opts, _ = cls.options(dataset, buffer, lr=params.get("train.lr", "auto"), **given)
-    for key in ("train.lr", *(f"method.{k}" for k in cls.setting_keys())):
-        out[key] = _canonical(getattr(opts, key.split(".")[1]))
+    out["train.lr"] = _canonical(opts.lr)
+    for k in cls.setting_keys():
+        out[spelled(cls, k)] = _canonical(getattr(opts, k))
     return out
 
 
@@ -242,16 +279,15 @@ def method_label(params: dict[str, str]) -> str:
         return name
     dataset, buffer = params.get("data.dataset", "cifar10"), params.get("method.buffer_size", "0")
     # The method's own values under the run's own preset, so a preset reads as one word.
-    own = {**_schema_defaults(), "method.name": name, "data.dataset": dataset, "method.buffer_size": buffer}
+    own = {**_schema_defaults(name), "method.name": name, "data.dataset": dataset, "method.buffer_size": buffer}
     for s in cls.settings:
         if s.selects_defaults:
-            own[f"method.{s.key}"] = params.get(f"method.{s.key}", own.get(f"method.{s.key}"))
+            own[spelled(cls, s.key)] = params.get(spelled(cls, s.key), own.get(spelled(cls, s.key)))
     params, defaults = resolved(params), resolved(own)
     for s in cls.settings:
         if s.selects_defaults:
-            defaults[f"method.{s.key}"] = _canonical(s.default)
-    strip = lambda d: {k.removeprefix("method."): v for k, v in d.items() if k.startswith("method.")}  # noqa: E731
-    variants = cls.variant_labels(strip(params), strip(defaults))
+            defaults[spelled(cls, s.key)] = _canonical(s.default)
+    variants = cls.variant_labels(own_settings(params), own_settings(defaults))
     head = params.get("model.head", "auto")
     own_head, _ = cls.resolve("head", "auto", dataset, int(buffer or 0))
     if head not in ("auto", own_head):
@@ -307,7 +343,7 @@ def pin_auto(params: dict[str, str], tags: dict[str, str]) -> dict[str, str]:
     for key, value in params.items():
         if value == "auto" and (key.startswith("method.") or key in ("train.lr", "train.precision", "train.channels_last",
                                                                      "model.head", "model.dropout")):
-            ran = tags.get(f"resolved.{key.split('.', 1)[1]}")
+            ran = tags.get(f"resolved.{key.rsplit('.', 1)[1]}")
             if ran is not None:
                 out[key] = ran
     return out
@@ -342,7 +378,7 @@ def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> lis
         from stages.tracking import store_error
 
         raise UserError(store_error(tracking_uri, e, "check --tracking-uri / MLFLOW_TRACKING_URI")) from None
-    return [RunRecord(r.info.run_id, pin_auto(dict(r.data.params), dict(r.data.tags)), dict(r.data.metrics),
+    return [RunRecord(r.info.run_id, pin_auto(respell(dict(r.data.params)), dict(r.data.tags)), dict(r.data.metrics),
                       r.info.start_time or 0, dict(r.data.tags))
             for r in found
             if r.info.status == "FINISHED" and r.data.tags.get(COMPLETE_TAG) == "true"]

@@ -160,9 +160,10 @@ def _setup(cfg) -> tuple[_Scoring, Path]:
     final, saved = load_method(last, manifest, device, gen)
     dropout = cfg.score.dropout if cfg.score.dropout != "auto" else (saved["dropout"] or 0.1)
     # auto: the method says, from the trained run's own settings (not today's params.yaml)
-    tau = cfg.score.temperature if cfg.score.temperature != "auto" else \
-        METHODS[saved["method"]].score_temperature(saved["settings"])
-    return _Scoring(manifest, device, gen, final, cfg.method.mc_samples, tau, cfg.train.eval_batch_size, dropout,
+    cls = METHODS[saved["method"]]
+    tau = cfg.score.temperature if cfg.score.temperature != "auto" else cls.score_temperature(saved["settings"])
+    samples = cfg.score.mc_samples if cfg.score.mc_samples != "auto" else cls.score_samples(saved["settings"])
+    return _Scoring(manifest, device, gen, final, samples, tau, cfg.train.eval_batch_size, dropout,
                     lambda x: normalize(x, mean, std)), last
 
 

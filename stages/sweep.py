@@ -40,9 +40,9 @@ def _method(name: str, buffer: int | None = None, order: str | None = None, head
     if buffer is not None:
         m["method.buffer_size"] = buffer
     if name == "pbr" and order == "reservoir":
-        m["method.sampling"] = "reservoir"
+        m["method.pbr.sampling"] = "reservoir"
     elif name == "pbr" and order is not None:
-        m["method.buffer_order"] = order
+        m["method.pbr.buffer_order"] = order
     return m
 
 
@@ -105,21 +105,21 @@ def table5(base: dict | None = None) -> Iterator[dict[str, Any]]:
 # The fidelity grid's one-at-a-time changes: key -> (short name, the values tried). A cell is
 # made for each value other than params.yaml's.
 READINGS: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "method.kl_classes": ("kl", ("old", "all")),
-    "method.mi_logits": ("mi", ("scaled", "cosine")),
-    "method.tau1": ("tau1-", (0.1, 1.0)),
-    "method.alpha": ("a", (0.3, 1.0, 3.0)),
-    "method.beta": ("b", (0.0, 0.1, 1.0)),
+    "method.pbr.kl_classes": ("kl", ("old", "all")),
+    "method.pbr.mi_logits": ("mi", ("scaled", "cosine")),
+    "method.pbr.tau1": ("tau1-", (0.1, 1.0)),
+    "method.pbr.alpha": ("a", (0.3, 1.0, 3.0)),
+    "method.pbr.beta": ("b", (0.0, 0.1, 1.0)),
     "train.lr": ("lr", (0.03, 0.1)),
-    "method.imprint": ("imprint-", (False, True)),
-    "method.walk_candidate": ("", ("hold", "advance")),
+    "method.pbr.imprint": ("imprint-", (False, True)),
+    "method.pbr.walk_candidate": ("", ("hold", "advance")),
     # Readings of "uncertainty-guided" first tried after the pre-registration (selection seeds only).
-    "method.walk_count": ("N-", ("task", "stream")),
-    "method.buffer_order": ("", ("uncertain_weighted", "certain_weighted")),
-    "method.mi_power": ("mipow", (1.0, 2.0, 0.5)),
-    "method.walk_rank": ("rank-", ("task", "class")),
-    "method.mi_outliers": ("out", (0.0, 0.05)),
-    "method.mi_model": ("mi-", ("final", "teacher")),
+    "method.pbr.walk_count": ("N-", ("task", "stream")),
+    "method.pbr.buffer_order": ("", ("uncertain_weighted", "certain_weighted")),
+    "method.pbr.mi_power": ("mipow", (1.0, 2.0, 0.5)),
+    "method.pbr.walk_rank": ("rank-", ("task", "class")),
+    "method.pbr.mi_outliers": ("out", (0.0, 0.05)),
+    "method.pbr.mi_model": ("mi-", ("final", "teacher")),
 }
 
 
@@ -132,12 +132,12 @@ def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
     task = {**_task("ordered", "cifar10", 0.01), "method.buffer_size": 200}
     for lr, row in ((0.03, "er-lr0.03"), (0.1, "er-lr0.1")):
         yield {**task, "method.name": "er", "train.lr": lr, "_row": row}
-    now_order, now_offset = (_pbr_value(base, k) for k in ("method.buffer_order", "method.offset"))
+    now_order, now_offset = (_pbr_value(base, k) for k in ("method.pbr.buffer_order", "method.pbr.offset"))
     for offset in ("class", "task"):
         for order in ("uncertain_first", "certain_first", "random"):
             if offset == now_offset and order in (now_order, "random"):
                 continue  # the rows "pbr" and "pbr-random" below
-            yield {**task, **_method("pbr", 200, order), "method.offset": offset,
+            yield {**task, **_method("pbr", 200, order), "method.pbr.offset": offset,
                    "_row": f"pbr-{order.split('_')[0]}-{offset}"}
     for key, (short, values) in READINGS.items():
         now = _pbr_value(base, key)
@@ -146,11 +146,11 @@ def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
                 text = str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else v
                 yield {**task, "method.name": "pbr", key: v, "_row": f"pbr-{short}{text}"}
     yield {**task, "method.name": "pbr", "_row": "pbr"}
-    yield {**task, "method.name": "pbr", "method.buffer_order": "random", "_row": "pbr-random"}
+    yield {**task, "method.name": "pbr", "method.pbr.buffer_order": "random", "_row": "pbr-random"}
     # The ablation's other reading: PBR's loss with the online reservoir the walk replaces.
-    yield {**task, "method.name": "pbr", "method.sampling": "reservoir", "_row": "pbr-reservoir"}
+    yield {**task, "method.name": "pbr", "method.pbr.sampling": "reservoir", "_row": "pbr-reservoir"}
     # The paper as written, beside ours (docs/preregistration.md).
-    yield {**task, "method.name": "pbr", "method.preset": "paper", "_row": "pbr-literal"}
+    yield {**task, "method.name": "pbr", "method.pbr.preset": "paper", "_row": "pbr-literal"}
 
 
 def _pbr_value(base: dict, key: str) -> Any:
@@ -159,8 +159,8 @@ def _pbr_value(base: dict, key: str) -> Any:
     if now in ("auto", None):
         from pbr.methods import METHODS
 
-        opts, _ = METHODS["pbr"].options("cifar10", 200, preset=_get(base, "method.preset") or "tuned")
-        now = getattr(opts, key.split(".")[1])
+        opts, _ = METHODS["pbr"].options("cifar10", 200, preset=_get(base, "method.pbr.preset") or "tuned")
+        now = getattr(opts, key.split(".")[-1])
     return now
 
 
@@ -242,10 +242,10 @@ def _name(grid: str, o: dict[str, Any], seed: int, extra: dict[str, Any]) -> str
 
         name, buffer = o["method.name"], o.get("method.buffer_size")
         parts = [SHORT[o["data.dataset"]], name]
-        if name == "pbr" and o.get("method.buffer_order") is not None:
-            parts.append(o["method.buffer_order"].replace("_", ""))
-        if o.get("method.sampling") is not None:
-            parts.append(o["method.sampling"])
+        if name == "pbr" and o.get("method.pbr.buffer_order") is not None:
+            parts.append(o["method.pbr.buffer_order"].replace("_", ""))
+        if o.get("method.pbr.sampling") is not None:
+            parts.append(o["method.pbr.sampling"])
         own_head, _ = METHODS[name].resolve("head", "auto", o["data.dataset"], buffer or 0)
         if o.get("model.head", "auto") not in ("auto", own_head):
             parts.append(o["model.head"])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pbr.errors import UserError
 from stages import artifacts, faults, hardware, paths, resume, threads
-from stages.config import Config
+from stages.config import Config, method_values
 from stages.trained import build_method
 
 STATE = "state.pt"
@@ -42,8 +42,7 @@ def settings(cfg: Config, device=None) -> tuple[dict, dict]:
 
     cls = METHODS[cfg.method.name]
     m, t, mo = cfg.method, cfg.train, cfg.model
-    opts, sources = cls.options(cfg.data.dataset, m.buffer_size, lr=t.lr,
-                                **{k: getattr(m, k) for k in cls.setting_keys()})
+    opts, sources = cls.options(cfg.data.dataset, m.buffer_size, lr=t.lr, **method_values(m))
     head, sources["head"] = cls.resolve("head", mo.head, cfg.data.dataset, m.buffer_size)
     dropout, sources["dropout"] = cls.resolve("dropout", mo.dropout, cfg.data.dataset, m.buffer_size)
     problem = cls.refuse({"head": head, "dropout": dropout, **vars(opts)})

@@ -81,7 +81,7 @@ def commit(repo: Path, message: str) -> None:
 # ResNet18 of width 4, PBR, 2 epochs per task (so a kill can land inside a task). fp32, not the
 # default auto: the same numbers on CI machines with and without bf16 units.
 SMALL = dict(data__download=False, data__imbalance_ratio=0.1, model__width=4, train__epochs=2,
-             train__device="cpu", train__precision="fp32", train__eval_batch_size=256, method__mc_samples=4)
+             train__device="cpu", train__precision="fp32", train__eval_batch_size=256, method__pbr__mc_samples=4)
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:

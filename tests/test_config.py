@@ -28,9 +28,11 @@ def test_project_params_are_the_papers_headline_configuration():
     # params.yaml spells out every key, so `dvc exp run -S` can set any of them (its Hydra overrides
     # refuse a key the file lacks), and the config holds the file's value of each, not a default.
     written = _leaves(yaml.safe_load((ROOT / "params.yaml").read_text()))
-    missing = sorted(set(Config().flat()) - set(written))
+    missing = sorted(set(Config().flat(every_method=True)) - set(written))
     assert not missing, f"params.yaml lacks {missing}"
-    assert {k: cfg.flat()[k] for k in written} == written
+    assert {k: cfg.flat(every_method=True)[k] for k in written} == written
+    # A run's params name its own method's keys only.
+    assert not any(k.startswith(("method.der.", "method.ewc_on.")) for k in cfg.flat())
 
 
 def _leaves(tree, prefix=""):
@@ -76,8 +78,13 @@ BAD = [
     ({"train": {"lr": "fast"}}, r"train.lr = 'fast'"),
     ({"model": {"dropout": 1.0}}, r"model.dropout = 1.0 .* \[0, 1\) or auto"),
     ({"model": {"head": "mlp"}}, r"model.head = 'mlp' .* auto \| cosine \| linear"),
-    ({"method": {"alpha": -1}}, r"method.alpha = -1"),
-    ({"method": {"buffer_order": "max"}}, r"method.buffer_order = 'max'"),
+    ({"method": {"pbr": {"alpha": -1}}}, r"method.pbr.alpha = -1"),
+    ({"method": {"pbr": {"buffer_order": "max"}}}, r"method.pbr.buffer_order = 'max'"),
+    # The flat spelling of before each method's keys moved under its name.
+    ({"method": {"tau1": 0.1}}, r"'method.tau1' is now spelled 'method.pbr.tau1' .* move it there$"),
+    ({"method": {"alpha": 1}}, r"'method.alpha' is now spelled 'method.lwf.alpha' or 'method.fdr.alpha' or "
+                               r"'method.der.alpha' or 'method.derpp.alpha' or 'method.pbr.alpha'"),
+    ({"method": {"der": {"tau1": 1}}}, r"unknown key 'method.der.tau1'; allowed in 'method.der': alpha$"),
     ({"method": {"name": "er", "buffer_size": 0}}, r"method.buffer_size = 0 leaves er without a replay buffer"),
     ({"train": {"device": "tpu"}}, r"train.device = 'tpu' .* auto \| cpu \| cuda"),
     ({"model": {"width": -1}}, r"model.width = -1"),
@@ -152,26 +159,31 @@ def test_auto_values_come_from_the_published_table_of_the_runs_dataset_and_buffe
 
 def test_a_new_method_declares_its_settings_in_its_own_file(monkeypatch):
     """The method section is built from the registry: a registered method's setting is a
-    validated params.yaml key without an edit to the config."""
+    validated params.yaml key under the method's name, without an edit to the config, even when
+    another method declares the same key otherwise (oEWC's gamma, PBR's tau1)."""
     from pbr.methods import METHODS, ContinualMethod, Setting
     from stages import config
 
     class Toy(ContinualMethod):
         name = "toy"
-        settings = (Setting("toy_strength", float, 2.0, "how strong", lambda v: v > 0, "a positive number"),)
+        settings = (Setting("gamma", float, 2.0, "how strong", lambda v: v > 0, "a positive number"),
+                    Setting("tau1", int, 5, "another type and default than PBR's tau1"))
 
     monkeypatch.setitem(METHODS, "toy", Toy)
     MethodConfig = config._method_config()
     monkeypatch.setattr(config, "MethodConfig", MethodConfig)
-    cfg = config._build(MethodConfig, {"name": "toy", "toy_strength": 3}, "method.", "params.yaml")
-    assert (cfg.name, cfg.toy_strength, cfg.tau2) == ("toy", 3.0, 2.0)
-    with pytest.raises(ConfigError, match=r"method.toy_strength = -1 .* a positive number"):
-        config._build(MethodConfig, {"toy_strength": -1}, "method.", "params.yaml")
+    cfg = config._build(MethodConfig, {"name": "toy", "toy": {"gamma": 3}}, "method.", "params.yaml")
+    assert (cfg.name, cfg.toy.gamma, cfg.toy.tau1, cfg.ewc_on.gamma, cfg.pbr.tau1) == ("toy", 3.0, 5, "auto", "auto")
+    assert config.method_values(cfg) == {"gamma": 3.0, "tau1": 5}
+    with pytest.raises(ConfigError, match=r"method.toy.gamma = -1 .* a positive number"):
+        config._build(MethodConfig, {"toy": {"gamma": -1}}, "method.", "params.yaml")
+    with pytest.raises(ConfigError, match=r"'method.gamma' is now spelled 'method.ewc_on.gamma' or 'method.toy.gamma'"):
+        config._build(MethodConfig, {"gamma": 1}, "method.", "params.yaml")
 
     class Clash(ContinualMethod):
         name = "clash"
-        settings = (Setting("tau1", float, 5.0, "another default for PBR's key"),)
+        settings = (Setting("reservoir", str, "always", "another rule for the shared key", shared=True),)
 
     monkeypatch.setitem(METHODS, "clash", Clash)
-    with pytest.raises(TypeError, match="method.tau1 is declared differently"):
+    with pytest.raises(TypeError, match="method.reservoir is shared but declared differently"):
         config._method_config()

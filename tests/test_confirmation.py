@@ -12,11 +12,11 @@ BASE = {"data.setting": "ordered", "data.imbalance_ratio": "0.01", "data.dataset
         "method.buffer_size": "200", "model.width": "8", "train.epochs": "[4, 8, 16, 40, 80]",
         "method.reservoir": "first_epoch", "train.precision": "fp32", "train.lr": "auto"}
 ROWS = {"pbr": ({"method.name": "pbr"}, [50, 52, 54]),
-        "pbr-reservoir": ({"method.name": "pbr", "method.sampling": "reservoir"}, [48, 48, 48]),
-        "pbr-random": ({"method.name": "pbr", "method.buffer_order": "random"}, [49, 51, 53]),
+        "pbr-reservoir": ({"method.name": "pbr", "method.pbr.sampling": "reservoir"}, [48, 48, 48]),
+        "pbr-random": ({"method.name": "pbr", "method.pbr.buffer_order": "random"}, [49, 51, 53]),
         "er-lr0.03": ({"method.name": "er", "train.lr": "0.03"}, [40, 41, 42]),
         "er-lr0.1": ({"method.name": "er", "train.lr": "0.1"}, [60, 61, 66]),
-        "pbr-literal": ({"method.name": "pbr", "method.preset": "paper"}, [50, 52, 54])}
+        "pbr-literal": ({"method.name": "pbr", "method.pbr.preset": "paper"}, [50, 52, 54])}
 
 
 def _runs():

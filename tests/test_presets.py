@@ -23,7 +23,7 @@ def _settings(method: dict, train: dict | None = None):
 
     from stages import train as stage
 
-    cfg = from_dict({"method": {"name": "pbr", **method}, "train": {"device": "cpu", "precision": "fp32", **(train or {})}})
+    cfg = from_dict({"method": {"name": "pbr", "pbr": method}, "train": {"device": "cpu", "precision": "fp32", **(train or {})}})
     return stage.settings(cfg, torch.device("cpu"))
 
 
@@ -52,8 +52,8 @@ def test_a_key_set_beside_the_preset_wins_over_it():
 
 def test_an_unknown_preset_is_a_one_line_error_naming_the_key():
     with pytest.raises(ConfigError) as e:
-        from_dict({"method": {"preset": "literal"}})
-    assert "method.preset" in str(e.value) and "\n" not in str(e.value)
+        from_dict({"method": {"pbr": {"preset": "literal"}}})
+    assert "method.pbr.preset" in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def trained(tmp_path_factory):
 
 def _stage_cfg(root, score=None, **method):
     return from_dict({"data": {"root": str(root / "raw"), "download": False, "imbalance_ratio": 0.1},
-                      "model": {"width": 4}, "method": {"name": "pbr", "mc_samples": 3, "buffer_size": 20, **method},
+                      "model": {"width": 4}, "method": {"name": "pbr", "buffer_size": 20, "pbr": {"mc_samples": 3, **method}},
                       "train": {"epochs": 1, "device": "cpu", "precision": "fp32", "threads": 1},
                       "score": score or {}})
 

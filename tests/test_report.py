@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
 
 BASE = {"data.setting": "ordered", "data.imbalance_ratio": "0.01", "data.dataset": "cifar10",
-        "data.n_tasks": "5", "method.buffer_size": "200", "method.buffer_order": "uncertain_weighted",
+        "data.n_tasks": "5", "method.buffer_size": "200", "method.pbr.buffer_order": "uncertain_weighted",
         "model.head": "auto", "train.epochs": "50", "data.root": "data/raw"}
 
 # (params over BASE, metrics, status, complete tag)
@@ -29,7 +29,7 @@ RUNS = [
     ({"method.name": "pbr", "seed": "2"}, {"class_il.acc": 57, "task_il.acc": 92, "class_il.bwt": -14}, "FINISHED", True),
     ({"method.name": "er", "seed": "0"}, {"class_il.acc": 40, "task_il.acc": 85}, "FINISHED", True),
     ({"method.name": "er", "seed": "1"}, {"class_il.acc": 44, "task_il.acc": 86}, "FINISHED", True),
-    ({"method.name": "pbr", "method.buffer_order": "random", "seed": "0"},
+    ({"method.name": "pbr", "method.pbr.buffer_order": "random", "seed": "0"},
      {"class_il.acc": 45, "task_il.acc": 83}, "FINISHED", True),
     ({"method.name": "sgd", "seed": "0"}, {"class_il.acc": 19, "task_il.acc": 70}, "FINISHED", True),
     # ignored: still running (complete tag or not), finished without the complete tag
@@ -204,7 +204,7 @@ def test_labels_repeats_and_mixed_settings():
     assert report.method_label(p) == "PBR"
     assert report.method_label({**p, "model.head": "cosine"}) == "PBR"
     assert report.method_label({**p, "model.head": "linear"}) == "PBR (linear)"
-    assert report.method_label({**p, "model.head": "linear", "method.buffer_order": "random"}) == "PBR (random, linear)"
+    assert report.method_label({**p, "model.head": "linear", "method.pbr.buffer_order": "random"}) == "PBR (random, linear)"
     assert report.method_label({**BASE, "method.name": "derpp"}) == "DER++"
     assert report.method_label({**BASE, "method.name": "er", "model.head": "cosine"}) == "ER (cosine)"
     assert report.buffer_of({**BASE, "method.name": "joint"}) is None
@@ -232,22 +232,22 @@ def test_budgets_get_their_own_tables_and_readings_their_own_rows():
     runs = [RunRecord("full", p, {"class_il.acc": 50.0}),
             RunRecord("short", {**p, "train.epochs": "5", "model.width": "20"}, {"class_il.acc": 20.0}),
             RunRecord("proxy", {**p, **proxy}, {"class_il.acc": 30.0}),
-            RunRecord("proxy-class", {**p, **proxy, "method.offset": "class", "method.kl_classes": "all"},
+            RunRecord("proxy-class", {**p, **proxy, "method.pbr.offset": "class", "method.pbr.kl_classes": "all"},
                       {"class_il.acc": 31.0}),
             RunRecord("er-paper", {**p, **proxy, "method.name": "er", "train.lr": "0.03"}, {"class_il.acc": 32.0}),
-            RunRecord("er-tuned", {**p, **proxy, "method.name": "er", "train.lr": "0.1", "method.tau1": "0.1"},
+            RunRecord("er-tuned", {**p, **proxy, "method.name": "er", "train.lr": "0.1", "method.pbr.tau1": "0.1"},
                       {"class_il.acc": 33.0})]
     # Spelling out a default is the default: ER at lr 0.1 is ER, PBR at alpha 1.0 is PBR, and a
     # PBR run's reservoir setting (which it does not use) does not move it out of the proxy.
     # PBR's own settings (here tau1) do not make two ER runs differ.
     runs += [RunRecord("er-auto", {**p, **proxy, "method.name": "er", "train.lr": "auto", "seed": "1",
-                                   "method.tau1": "1.0"},
+                                   "method.pbr.tau1": "1.0"},
                        {"class_il.acc": 35.0}),
-             RunRecord("alpha", {**p, **proxy, "method.alpha": "1.0", "method.reservoir": "every_epoch", "seed": "1"},
+             RunRecord("alpha", {**p, **proxy, "method.pbr.alpha": "1.0", "method.reservoir": "every_epoch", "seed": "1"},
                        {"class_il.acc": 28.0})]
     # PBR filled by the online reservoir reads the reservoir's rule: at every epoch it is not the proxy.
-    runs += [RunRecord("res", {**p, **proxy, "method.sampling": "reservoir"}, {"class_il.acc": 27.0}),
-             RunRecord("res-every", {**p, **proxy, "method.sampling": "reservoir", "method.reservoir": "every_epoch"},
+    runs += [RunRecord("res", {**p, **proxy, "method.pbr.sampling": "reservoir"}, {"class_il.acc": 27.0}),
+             RunRecord("res-every", {**p, **proxy, "method.pbr.sampling": "reservoir", "method.reservoir": "every_epoch"},
                        {"class_il.acc": 26.0})]
     groups, _ = report.group_runs(runs)
     assert {(g.budget, g.method) for g in groups} == {
@@ -285,11 +285,11 @@ def test_a_method_without_class_il_prints_a_dash_as_the_paper_does():
 
 def test_a_run_is_read_with_the_values_it_ran_with_not_todays_defaults():
     """PBR's auto lr was 0.03 before it became 0.1: an old run's resolved tag keeps it apart."""
-    old = report.pin_auto({**BASE, "method.name": "pbr", "train.lr": "auto", "method.alpha": "auto"},
+    old = report.pin_auto({**BASE, "method.name": "pbr", "train.lr": "auto", "method.pbr.alpha": "auto"},
                           {"resolved.lr": "0.03", "resolved.alpha": "1.0", "resolved.dropout": "0.1"})
     new = {**BASE, "method.name": "pbr", "train.lr": "auto"}
     assert report.method_label(old) == "PBR (lr 0.03)" and report.method_label(new) == "PBR"
-    assert old["method.alpha"] == "1.0" and "model.dropout" not in old  # only keys the run has
+    assert old["method.pbr.alpha"] == "1.0" and "model.dropout" not in old  # only keys the run has
 
 
 def test_cli(env, tmp_path):
@@ -522,15 +522,15 @@ def test_presets_read_as_one_word_and_old_spelled_out_runs_join_the_tuned_row():
     the tuned values spelled out, is the same row as one that leaves them auto; the paper preset is a
     row of its own, named by the method, and only what departs from that preset is named beside it."""
     p = {**BASE, "method.name": "pbr", "model.width": "8", "train.epochs": "1", "train.lr": "auto"}
-    spelled = {"method.tau1": "1.0", "method.buffer_order": "uncertain_weighted", "method.walk_candidate": "hold",
-               "method.offset": "task", "method.mi_logits": "scaled", "method.kl_classes": "old"}
+    spelled = {"method.pbr.tau1": "1.0", "method.pbr.buffer_order": "uncertain_weighted", "method.pbr.walk_candidate": "hold",
+               "method.pbr.offset": "task", "method.pbr.mi_logits": "scaled", "method.pbr.kl_classes": "old"}
     auto = {k: "auto" for k in spelled}
     runs = [RunRecord("old", {**p, **spelled, "seed": "0"}, {"class_il.acc": 40.0}),
-            RunRecord("new", {**p, **auto, "method.preset": "tuned", "seed": "1"}, {"class_il.acc": 44.0}),
-            RunRecord("lit", {**p, **auto, "method.preset": "paper", "seed": "0"}, {"class_il.acc": 30.0}),
-            RunRecord("lit-tau", {**p, **auto, "method.preset": "paper", "method.tau1": "1.0", "seed": "0"},
+            RunRecord("new", {**p, **auto, "method.pbr.preset": "tuned", "seed": "1"}, {"class_il.acc": 44.0}),
+            RunRecord("lit", {**p, **auto, "method.pbr.preset": "paper", "seed": "0"}, {"class_il.acc": 30.0}),
+            RunRecord("lit-tau", {**p, **auto, "method.pbr.preset": "paper", "method.pbr.tau1": "1.0", "seed": "0"},
                       {"class_il.acc": 35.0}),
-            RunRecord("rnd", {**p, **auto, "method.buffer_order": "random", "seed": "0"}, {"class_il.acc": 41.0})]
+            RunRecord("rnd", {**p, **auto, "method.pbr.buffer_order": "random", "seed": "0"}, {"class_il.acc": 41.0})]
     groups, _ = report.group_runs(runs)
     rows = {g.method: g.stats("class_il", "acc") for g in groups}
     assert rows["PBR"] == (42.0, pytest.approx(2 * math.sqrt(2)), 2)
@@ -540,9 +540,35 @@ def test_presets_read_as_one_word_and_old_spelled_out_runs_join_the_tuned_row():
 
 
 def test_a_run_from_before_a_setting_existed_is_read_with_what_it_ran():
-    """PODNet+ followed the PODNet paper's NCA at the full lr until `method.nca` and
-    `method.lws_lr_factor` came in: a run that never recorded them is not the LT-CIL row."""
-    p = {**BASE, "method.name": "podnet", "train.lr": "auto", "seed": "0", "method.pod_spatial": "3.0"}
-    old, new = dict(p), {**p, "method.nca": "ltcil", "method.lws_lr_factor": "10.0"}
+    """PODNet+ followed the PODNet paper's NCA at the full lr until `method.podnet.nca` and
+    `method.podnet.lws_lr_factor` came in: a run that never recorded them is not the LT-CIL row."""
+    p = {**BASE, "method.name": "podnet", "train.lr": "auto", "seed": "0", "method.podnet.pod_spatial": "3.0"}
+    old, new = dict(p), {**p, "method.podnet.nca": "ltcil", "method.podnet.lws_lr_factor": "10.0"}
     assert report.method_label(new) == "PODNet+"
     assert report.method_label(old) == "PODNet+ (nca podnet_paper, lws_lr_factor 1.0)"
+
+
+def test_runs_recorded_before_the_method_sections_join_todays_rows(tmp_path):
+    """Runs recorded while every method key was flat (method.tau1, and all twenty methods' keys beside
+    it) are read in today's spelling: an old PBR run at tau1 0.1 joins today's method.pbr.tau1 0.1
+    row, and an old ER run's stray PBR keys do not split ER's row."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("pbr", artifact_location=(tmp_path / "a").as_uri())
+    old_stray = {"method.tau1": "auto", "method.gamma": "auto", "method.alpha": "auto", "method.reservoir": "every_epoch"}
+    _add_run(client, exp, {"method.name": "pbr", **old_stray, "method.tau1": "0.1", "seed": "0"},
+             {"class_il.acc": 30}, "FINISHED", True, 1)
+    _add_run(client, exp, {"method.name": "pbr", "method.reservoir": "every_epoch", "method.pbr.tau1": "0.1",
+                           "seed": "1"}, {"class_il.acc": 34}, "FINISHED", True, 2)
+    _add_run(client, exp, {"method.name": "er", **old_stray, "method.tau1": "0.5", "seed": "0"},
+             {"class_il.acc": 20}, "FINISHED", True, 3)
+    _add_run(client, exp, {"method.name": "er", "method.reservoir": "every_epoch", "seed": "1"},
+             {"class_il.acc": 24}, "FINISHED", True, 4)
+    runs = report.collect_runs(uri)
+    assert not any({"method.tau1", "method.gamma"} & r.params.keys() for r in runs)
+    groups, _ = report.group_runs(runs)
+    rows = {g.method: g.stats("class_il", "acc") for g in groups}
+    assert rows == {"PBR (tau1 0.1)": (32.0, pytest.approx(2 * math.sqrt(2)), 2),
+                    "ER": (22.0, pytest.approx(2 * math.sqrt(2)), 2)}

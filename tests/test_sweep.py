@@ -129,15 +129,15 @@ def test_fidelity_grid_at_the_proxy_budget():
     assert all(o["model.width"] == 8 and o["train.epochs"] == [4, 8, 16, 40, 80] for o in by_name.values())
     assert all(o["method.reservoir"] == "first_epoch" for o in by_name.values())
     cell = by_name["fid-pbr-certain-task-s0-proxy"]
-    assert (cell["method.buffer_order"], cell["method.offset"]) == ("certain_first", "task")
+    assert (cell["method.pbr.buffer_order"], cell["method.pbr.offset"]) == ("certain_first", "task")
     # One change at a time: a cell for every value of a reading other than the one PBR runs with
     # (params.yaml leaves them auto: the tuned preset's tau1 1 and held candidate).
-    assert [r.overrides["method.tau1"] for r in runs if r.name.startswith("fid-pbr-tau1-")] == [0.1] * 3
+    assert [r.overrides["method.pbr.tau1"] for r in runs if r.name.startswith("fid-pbr-tau1-")] == [0.1] * 3
     assert not any(r.name.startswith("fid-pbr-hold-") for r in runs)
     assert sum(r.name.startswith("fid-pbr-advance-") for r in runs) == 3
     # The paper as written, beside ours: every auto key under the paper preset, nothing else set.
     literal = by_name["fid-pbr-literal-s1-proxy"]
-    assert literal["method.preset"] == "paper" and "method.tau1" not in literal and "train.lr" not in literal
+    assert literal["method.pbr.preset"] == "paper" and "method.pbr.tau1" not in literal and "train.lr" not in literal
     assert any(r.name.startswith("fid-pbr-kl") for r in runs) and any(r.name.startswith("fid-pbr-mi") for r in runs)
     assert "-S 'train.epochs=[4, 8, 16, 40, 80]'" in runs[0].command()
     picked = _plan("fidelity", seeds=2, budget="proxy", only={"row": ["pbr", "er-lr0.1"]})

@@ -17,7 +17,7 @@ def test_two_queue_workers_lose_no_run(tmp_path):
     fakedata.write_cifar(raw, 100, 20, 2)
     repo = make_project(tmp_path / "repo", data__root=str(raw), data__download=False, data__dataset="cifar100",
                         model__width=4, train__epochs=1, train__device="cpu", train__eval_batch_size=256,
-                        method__mc_samples=4)
+                        method__pbr__mc_samples=4)
     sweep = [str(BIN / "pbr"), "sweep", "table3", "--seeds", "1", "--only", "data.imbalance_ratio=0.1"]
     r = run([*sweep, "--jobs", "2"], repo)
     assert "2 runs queued, 0 already finished or queued" in r.stderr

@@ -58,7 +58,7 @@ def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, m
         run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], tmp_path)
         a = make_project(tmp_path / "alice", data__root=str(raw), data__download=False, data__dataset="cifar100",
                          model__width=4, train__epochs=1, train__device="cpu", train__precision="fp32",
-                         train__eval_batch_size=256, method__mc_samples=4)
+                         train__eval_batch_size=256, method__pbr__mc_samples=4)
         dvc(a, "remote", "add", "-d", "team", str(store))
         commit(a, "team remote")
         run(["git", "remote", "add", "origin", str(origin)], a)

@@ -16,7 +16,7 @@ from stages import trained
 from stages.config import from_dict
 
 SMALL = {"data": {"download": False, "imbalance_ratio": 0.1}, "model": {"width": 4},
-         "train": {"epochs": 1, "device": "cpu", "precision": "fp32", "eval_batch_size": 256}, "method": {"mc_samples": 4}}
+         "train": {"epochs": 1, "device": "cpu", "precision": "fp32", "eval_batch_size": 256}, "method": {"pbr": {"mc_samples": 4}}}
 
 
 def _cfg(raw, **sections):
@@ -59,8 +59,8 @@ def _train(cfg):
     return summary, "\n".join(lines)
 
 
-# PBR filled by the online reservoir (method.sampling) keeps other state than its walk: resumed too.
-VARIANTS = {"pbr+reservoir": {"name": "pbr", "sampling": "reservoir"}}
+# PBR filled by the online reservoir (method.pbr.sampling) keeps other state than its walk: resumed too.
+VARIANTS = {"pbr+reservoir": {"name": "pbr", "pbr": {"mc_samples": 4, "sampling": "reservoir"}}}
 
 
 @pytest.mark.parametrize("name", [*METHODS, *VARIANTS])

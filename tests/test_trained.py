@@ -21,7 +21,7 @@ def runs(tmp_path_factory):
         root = tmp_path_factory.mktemp(name)
         fakedata.write_cifar(root / "raw", 10, 30, 4)
         cfg = from_dict({"data": {"root": str(root / "raw"), "download": False, "imbalance_ratio": 0.2},
-                         "model": {"width": 4}, "method": {"name": name, "mc_samples": 3, "buffer_size": 20},
+                         "model": {"width": 4}, "method": {"name": name, "pbr": {"mc_samples": 3}, "buffer_size": 20},
                          "train": {"epochs": 1, "device": "cpu", "precision": "fp32", "threads": 1}})
         cwd = os.getcwd()
         os.chdir(root)

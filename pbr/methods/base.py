@@ -41,8 +41,9 @@ Auto = Literal["auto"]
 
 @dataclass(frozen=True)
 class Setting:
-    """A hyper-parameter a method reads, spelled `method.<key>` in params.yaml. The config is
-    built from these declarations: a key several methods read is declared alike by each."""
+    """A hyper-parameter a method reads, spelled `method.<method name>.<key>` in params.yaml (its
+    own section, so two methods' keys never collide), or `method.<key>` when `shared` (one value
+    for every method that reads it, declared alike by each). The config is built from these."""
 
     key: str
     type: Any  # float, int, bool, a Literal[...] of words, or a union with Auto
@@ -61,6 +62,8 @@ class Setting:
     # What a run recorded before this setting existed ran with, where that differs from `default`
     # (the setting switched on a behaviour change): the report reads such a run with it.
     before: Any = None
+    # One key for every method that reads it (the replay memory's feeding rule), not per method.
+    shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,14 +85,14 @@ def positive(v) -> bool:
     return v > 0
 
 
-# Settings more than one method reads; each declares the same object.
+# Settings several methods declare alike (each in its own section but RESERVOIR, which is shared).
 ALPHA = Setting("alpha", float | Auto, "auto", "the method's first loss weight", non_negative, "a number >= 0 or auto",
                 label=lambda v: f"alpha {v}")
 BETA = Setting("beta", float | Auto, "auto", "the method's second loss weight", non_negative, "a number >= 0 or auto",
                label=lambda v: f"beta {v}")
 RESERVOIR = Setting("reservoir", Literal["every_epoch", "first_epoch"], "every_epoch",
                     "the online reservoir is offered every epoch's batches (Mammoth) or the task's first epoch's "
-                    "only (each sample once, whatever the task's epochs)", in_label=False)
+                    "only (each sample once, whatever the task's epochs)", in_label=False, shared=True)
 TAU2 = Setting("tau2", float, 2.0, "temperature of the distillation", positive, "a positive number (2 in the paper)",
                label=lambda v: f"tau2 {v}")
 WEIGHT_DECAY = Setting("weight_decay", float | Auto, "auto", "the SGD's weight decay", non_negative,
@@ -163,6 +166,12 @@ class ContinualMethod:
         """The softmax temperature of the MC-dropout probabilities when a run of this method is
         scored (the score stage's `auto`), from the run's saved settings: 1, the logits as trained."""
         return 1.0
+
+    @classmethod
+    def score_samples(cls, settings: dict[str, Any]) -> int:
+        """T, the MC-dropout passes when a run of this method is scored (the score stage's `auto`),
+        from the run's saved settings: 20 (PBR's default T) for a method that never scores itself."""
+        return 20
 
     @classmethod
     def setting_keys(cls) -> tuple[str, ...]:

@@ -116,6 +116,10 @@ class PBR(ContinualMethod):
         return settings["tau1"] * (settings["scale"] if settings["mi_logits"] == "cosine" else 1.0)
 
     @classmethod
+    def score_samples(cls, settings: dict[str, Any]) -> int:
+        return int(settings["mc_samples"])  # the T the walk scored with
+
+    @classmethod
     def reads(cls, key: str, settings: dict[str, Any]) -> bool:
         if key == "reservoir":
             return settings.get("sampling") == "reservoir"
