@@ -1,4 +1,4 @@
-"""Fixed-capacity replay storage; the policies that choose what it keeps are in pbr/selection.py.
+"""Fixed-capacity replay storage; the policies that choose what it keeps are in pbr/memory/.
 
 Storage is preallocated with one spare "discard" row after the last slot: writes that must not
 land (rejected samples, samples overwritten later in the same batch) are routed there, so a
@@ -17,10 +17,10 @@ from pbr.rng import check_generator
 
 class Buffer:
     """Replay memory. `images` uint8 [cap, C, H, W], `labels`/`tasks` int64 [cap],
-    `logits` float32 [cap, n_classes], `scores` float32 [cap]; slots [0, size) are filled.
-    `size` and `seen` (stream samples offered to the online reservoir) are host ints.
+    `logits` float32 [cap, n_classes], `scores` float32 [cap]; slots [0, size) are filled, `size`
+    a host int.
 
-    Storage only: what goes where is a selection policy's (pbr/selection.py) through `write`."""
+    Storage only: what goes where, and `size`, are a memory policy's (pbr/memory/) to write."""
 
     def __init__(
         self,
@@ -44,7 +44,6 @@ class Buffer:
         self._logits = torch.zeros((rows, self.n_classes), dtype=torch.float32, device=self.device)
         self._scores = torch.zeros(rows, dtype=torch.float32, device=self.device)
         self.size = 0
-        self.seen = 0
 
     # Public fields are views without the discard row.
     @property
@@ -147,7 +146,6 @@ class Buffer:
         return {
             "capacity": self.capacity,
             "size": self.size,
-            "seen": self.seen,
             "images": self.images.clone(),
             "labels": self.labels.clone(),
             "tasks": self.tasks.clone(),
@@ -165,4 +163,3 @@ class Buffer:
                 raise ValueError(f"state {name} has shape {tuple(theirs.shape)}, expected {tuple(mine.shape)}")
             mine.copy_(theirs)
         self.size = int(state["size"])
-        self.seen = int(state["seen"])

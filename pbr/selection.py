@@ -1,7 +1,5 @@
-"""Selection policies over the replay storage (pbr/buffer.py): Mammoth's online reservoir (ER,
-DER, DER++), PBR's end-of-task uncertainty-guided walk (docs/method.md), equal per-task memories
-(FDR) and iCaRL's herding. Each decides which samples go to which slots and writes them through
-the storage's public `write` / `replace`.
+"""The selection math the memory policies (pbr/memory/) rank and accept by: PBR's sample-in
+probability and walk order (docs/method.md), iCaRL's herding.
 """
 
 from __future__ import annotations
@@ -9,7 +7,6 @@ from __future__ import annotations
 import torch
 
 from pbr.buffer import Buffer
-from pbr.rng import check_generator
 
 ORDERS = ("uncertain_first", "certain_first", "random", "uncertain_weighted", "certain_weighted")
 RANKS = ("task", "class")
@@ -66,148 +63,6 @@ def walk_order(scores: torch.Tensor, order: str, generator: torch.Generator, pow
         within = torch.tril(same, diagonal=-1).sum(1)  # earlier samples of the same class in the order
         perm = perm[torch.argsort(within, stable=True)]
     return perm
-
-
-def reservoir_add(
-    buffer: Buffer,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    tasks: torch.Tensor,
-    logits: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
-) -> None:
-    """Mammoth's online reservoir rule, applied to the batch in order, vectorised.
-
-    Stream sample n (0-based) goes to slot n while n < capacity; otherwise
-    j = floor(u * (n + 1)) with u = torch.rand(B, dtype=float64, generator) (one draw per
-    sample of the batch, drawn for every sample) and slot j is replaced if j < capacity.
-    """
-    b = buffer.check_batch(images, labels, tasks, logits)
-    g = check_generator(generator, buffer.device)
-    u = torch.rand(b, dtype=torch.float64, generator=g, device=buffer.device)
-    n = torch.arange(buffer.seen, buffer.seen + b, device=buffer.device)
-    j = torch.minimum(torch.floor(u * (n + 1)).to(torch.int64), n)
-    slot = torch.where(n < buffer.capacity, n, j)
-    slot = torch.where(slot < buffer.capacity, slot, buffer.capacity)
-    buffer.write(slot, images, labels, tasks, logits, None)
-    buffer.seen += b
-    buffer.size = min(buffer.capacity, buffer.seen)
-
-def uncertainty_walk(
-    buffer: Buffer,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    tasks: torch.Tensor,
-    scores: torch.Tensor,
-    class_counts: torch.Tensor,
-    generator: torch.Generator,
-    order: str = "uncertain_first",
-    logits: torch.Tensor | None = None,
-    candidate: str = "advance",
-    start: int = 0,
-    power: float = 1.0,
-    rank: str = "task",
-    outliers: float = 0.0,
-) -> torch.Tensor:
-    """PBR's end-of-task walk over the task just learned. Returns the accept mask [B]
-    (input order; an accepted sample may be overwritten later in the same walk).
-
-    The samples are walked in `order` of `scores` ("uncertain_first": the paper's text;
-    "certain_first": its Eq.'s arg min; "random": the Ours-Random ablation; "uncertain_weighted":
-    a random order drawn with weights = scores, weighted reservoir sampling's priority). Step N
-    (1-based) is accepted iff u_N < min(1, P_N), P from `sample_in_probability` with the
-    running counts of the classes seen before this task. Accepted samples fill free slots
-    in walk order, then each replaces a uniformly random slot.
-
-    `candidate`: "advance" (every step moves on to the next
-    sample) or "hold" (the paper's text: a rejected candidate stays the candidate for the
-    next step, so the k-th acceptance stores the k-th sample in walk order). With "advance" and a full buffer the
-    walk keeps each sample with probability capacity / (n + offset) whatever its position:
-    the product of acceptance and survival telescopes, so the MI order has no effect.
-
-    Draws from `generator` (on `scores`' device), in this order: the permutation (random
-    and weighted orders only), u = torch.rand(B, float64), slots = torch.randint(capacity, (B,)).
-    `power` and `rank` shape the order (walk_order); `outliers` leaves the given fraction of the
-    task's highest scores out of the walk (the most uncertain samples of a task are often
-    mislabelled or atypical ones), the walk running over the rest.
-    """
-    if not 0.0 <= outliers < 1.0:
-        raise ValueError(f"outliers must be in [0, 1), got {outliers}")
-    if outliers > 0.0:
-        n_out = int(outliers * scores.shape[0])
-        kept = torch.argsort(scores, stable=True)[: scores.shape[0] - n_out].sort().values
-        idx = kept.to(images.device)
-        sub = uncertainty_walk(buffer, images[idx], labels[kept.to(labels.device)], tasks[kept.to(tasks.device)],
-                               scores[kept], class_counts, generator, order,
-                               None if logits is None else logits[kept.to(logits.device)], candidate, start, power, rank)
-        accepted = torch.zeros(scores.shape[0], dtype=torch.bool, device=scores.device)
-        accepted[kept] = sub
-        return accepted
-    if rank not in RANKS:
-        raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
-    if order not in ORDERS:
-        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    if candidate not in CANDIDATES:
-        raise ValueError(f"candidate must be one of {CANDIDATES}, got {candidate!r}")
-    b = buffer.check_batch(images, labels, tasks, logits)
-    if scores.shape != (b,):
-        raise ValueError(f"scores must be [{b}], got {tuple(scores.shape)}")
-    dev = scores.device
-    g = check_generator(generator, dev)
-    perm = walk_order(scores, order, g, power, labels, rank)
-    p = sample_in_probability(b, torch.as_tensor(class_counts).to(dev), buffer.capacity, start)
-    u = torch.rand(b, dtype=torch.float64, generator=g, device=dev)
-    rand_slot = torch.randint(buffer.capacity, (b,), generator=g, device=dev)
-    accept = u < p.clamp(max=1.0)  # walk order
-    rank = torch.cumsum(accept, 0) - 1
-    free = buffer.capacity - buffer.size
-    slot = torch.where(rank < free, buffer.size + rank, rand_slot)
-    slot = torch.where(accept, slot, buffer.capacity)
-    # Once per task, so a host sync is fine: move only the accepted rows to the buffer.
-    rows = torch.nonzero(accept).squeeze(1)
-    src = perm[: rows.numel()] if candidate == "hold" else perm[rows]
-    idx = src.to(images.device)
-    buffer.write(
-        slot[rows],
-        images[idx],
-        labels[src.to(labels.device)],
-        tasks[src.to(tasks.device)],
-        None if logits is None else logits[src.to(logits.device)],
-        scores[src],
-    )
-    n_accepted = rows.numel()
-    buffer.size = min(buffer.capacity, buffer.size + n_accepted)
-    accepted = torch.zeros(b, dtype=torch.bool, device=dev)
-    accepted[src] = True
-    return accepted
-
-
-
-def per_task_memory(
-    buffer: Buffer,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    task: int,
-    logits: torch.Tensor,
-    generator: torch.Generator,
-) -> None:
-    """Equal memories per task (FDR, as Mammoth's): after task t (0-based) every task keeps
-    capacity // (t + 1) samples; the old tasks keep their first ones, the new task gets that many
-    of its samples drawn at random (Mammoth: the first of its shuffled loader)."""
-    per = buffer.capacity // (task + 1)
-    n = buffer.size
-    old_tasks = buffer.tasks[:n]
-    # Each old sample's rank within its task, in slot order: kept when below `per`.
-    same = old_tasks.unsqueeze(0) == old_tasks.unsqueeze(1)
-    rank = torch.tril(same.long(), diagonal=-1).sum(1)
-    keep = torch.nonzero(rank < per).squeeze(1)
-    g = check_generator(generator, images.device)
-    new = torch.randperm(labels.shape[0], generator=g, device=images.device)[:per]
-    dev = buffer.device
-    buffer.replace(torch.cat([buffer.images[keep], images[new].to(dev)]),
-                   torch.cat([buffer.labels[keep], labels[new].to(dev)]),
-                   torch.cat([old_tasks[keep], torch.full((new.numel(),), task, dtype=torch.int64, device=dev)]),
-                   torch.cat([buffer.logits[keep], logits[new].to(dev, torch.float32)]))
 
 
 def herding(features: torch.Tensor, m: int) -> torch.Tensor:

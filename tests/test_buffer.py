@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from pbr.buffer import Buffer
-from pbr.selection import reservoir_add, sample_in_probability, uncertainty_walk, walk_order
+from pbr.memory.reservoir import Reservoir
+from pbr.memory.walk import UncertaintyWalk
+from pbr.selection import sample_in_probability, walk_order
 
 SHAPE = (1, 2, 2)  # tiny images keep the statistical tests fast
 
@@ -51,15 +53,16 @@ def test_reservoir_matches_sequential_rule(device):
     batches = list(torch.split(ids, [3, 7, 64, 1, 100, 25, 200]))
     buf = Buffer(cap, SHAPE, n_classes=3, device=device)
     g = torch.Generator(device=device).manual_seed(11)
+    memory = Reservoir(buf, g)
     for b in batches:
-        reservoir_add(buf, *_batch(b), generator=g)
+        memory.offer(*_batch(b))
         assert buf.size <= cap
     ref = _reservoir_reference(cap, batches, 11, device)
     expected = torch.tensor([ref[j] for j in range(cap)], device=device)
     assert torch.equal(buf.labels, expected)
     assert torch.equal(buf.logits[:, 0], expected.float())
     assert torch.equal(buf.images[:, 0, 0, 0], (expected % 256).to(torch.uint8))
-    assert buf.seen == 400 and buf.size == cap
+    assert memory.seen == 400 and buf.size == cap
 
 
 def test_reservoir_inclusion_is_uniform():
@@ -68,9 +71,10 @@ def test_reservoir_inclusion_is_uniform():
     counts = torch.zeros(stream)
     for _ in range(reps):
         buf = Buffer(cap, SHAPE, n_classes=3)
+        memory = Reservoir(buf, g)
         for ids in torch.split(torch.arange(stream), 32):
-            reservoir_add(buf, *_batch(ids), generator=g)
-            assert buf.size == min(cap, buf.seen)
+            memory.offer(*_batch(ids))
+            assert buf.size == min(cap, memory.seen)
         counts += torch.bincount(buf.labels, minlength=stream)
     q = cap / stream
     freq = counts / reps
@@ -83,7 +87,7 @@ def test_reservoir_inclusion_is_uniform():
 def test_sample_and_get():
     buf = Buffer(20, SHAPE, n_classes=3)
     g = _gen(2)
-    reservoir_add(buf, *_batch(torch.arange(7)), generator=g)
+    Reservoir(buf, g).offer(*_batch(torch.arange(7)))
     idx = buf.sample(32, g)
     assert idx.numel() == 7 and idx.unique().numel() == 7 and int(idx.max()) < 7
     images, labels, tasks, logits = buf.get(idx)
@@ -109,8 +113,8 @@ def test_sample_in_probability_by_hand():
 
 def _walk(buf, n, scores, counts, g, order="uncertain_first", task=1, offset=0, candidate="advance"):
     images, labels, tasks, _ = _batch(torch.arange(offset, offset + n), task)
-    return uncertainty_walk(buf, images, labels, tasks, scores, torch.tensor(counts), g, order=order,
-                                candidate=candidate)
+    return UncertaintyWalk(buf, g, order=order, candidate=candidate).walk(images, labels, tasks, scores,
+                                                                          torch.tensor(counts))
 
 
 def test_walk_acceptance_frequency_matches_min_1_p():
@@ -130,7 +134,7 @@ def test_walk_matches_sequential_rule():
     cap, n, counts = 6, 40, [2.0, 4.0]
     g = _gen(4)
     buf = Buffer(cap, SHAPE, n_classes=3)
-    reservoir_add(buf, *_batch(torch.arange(100, 103), task=0), generator=g)  # 3 slots free
+    Reservoir(buf, g).offer(*_batch(torch.arange(100, 103), task=0))  # 3 slots free
     scores = torch.rand(n, generator=_gen(5))
     state = g.get_state()
     _walk(buf, n, scores, counts, g, order="random")
@@ -171,7 +175,7 @@ def _stored_task_mean(order, prefill, counts, reps=60, n=500, cap=50, seed=8, ca
     for _ in range(reps):
         buf = Buffer(cap, SHAPE, n_classes=3)
         if prefill:
-            reservoir_add(buf, *_batch(torch.arange(10_000, 10_000 + prefill), task=0), generator=g)
+            Reservoir(buf, g).offer(*_batch(torch.arange(10_000, 10_000 + prefill), task=0))
         scores = torch.rand(n, generator=g)
         _walk(buf, n, scores, counts, g, order=order, candidate=candidate)
         mine = buf.tasks[: buf.size] == 1
@@ -216,7 +220,7 @@ def test_held_candidate_accepts_as_often_as_advance():
     g = _gen(12)
     for _ in range(200):
         buf = Buffer(cap, SHAPE, n_classes=3)
-        reservoir_add(buf, *_batch(torch.arange(10_000, 10_000 + cap), task=0), generator=g)
+        Reservoir(buf, g).offer(*_batch(torch.arange(10_000, 10_000 + cap), task=0))
         accepted = _walk(buf, n, torch.rand(n, generator=g), counts, g, candidate="hold")
         stored.append(accepted.sum())
     # Each step's acceptance is Bernoulli(min(1, P_N)); the count is their sum.
@@ -226,21 +230,22 @@ def test_held_candidate_accepts_as_often_as_advance():
 def test_state_dict_round_trip_resumes_exactly():
     g = _gen(9)
     buf = Buffer(8, SHAPE, n_classes=3)
-    reservoir_add(buf, *_batch(torch.arange(13)), generator=g)
+    memory = Reservoir(buf, g)
+    memory.offer(*_batch(torch.arange(13)))
     _walk(buf, 10, torch.rand(10, generator=_gen(10)), [4.0, 9.0], g, offset=500)
     blob = io.BytesIO()
-    torch.save(buf.state_dict(), blob)
+    torch.save(memory.state_dict(), blob)
     blob.seek(0)
-    other = Buffer(8, SHAPE, n_classes=3)
-    other.load_state_dict(torch.load(blob))
-    assert (other.size, other.seen) == (buf.size, buf.seen)
-    for name in ("images", "labels", "tasks", "logits", "scores"):
-        assert torch.equal(getattr(other, name), getattr(buf, name))
     g2 = torch.Generator()
     g2.set_state(g.get_state())
-    reservoir_add(buf, *_batch(torch.arange(20, 40)), generator=g)
-    reservoir_add(other, *_batch(torch.arange(20, 40)), generator=g2)
-    assert torch.equal(other.labels, buf.labels)
+    other = Reservoir(Buffer(8, SHAPE, n_classes=3), g2)
+    other.load_state_dict(torch.load(blob))
+    assert (other.buffer.size, other.seen) == (buf.size, memory.seen) == (8, 13)
+    for name in ("images", "labels", "tasks", "logits", "scores"):
+        assert torch.equal(getattr(other.buffer, name), getattr(buf, name))
+    memory.offer(*_batch(torch.arange(20, 40)))
+    other.offer(*_batch(torch.arange(20, 40)))
+    assert torch.equal(other.buffer.labels, buf.labels) and other.seen == memory.seen == 33
     with pytest.raises(ValueError):
         Buffer(9, SHAPE, n_classes=3).load_state_dict(buf.state_dict())
 
@@ -253,13 +258,13 @@ def test_bad_arguments():
     buf = Buffer(5, SHAPE, n_classes=3)
     images, labels, tasks, logits = _batch(torch.arange(4))
     with pytest.raises(ValueError):
-        reservoir_add(buf, images.float(), labels, tasks, generator=_gen())
+        Reservoir(buf, _gen()).offer(images.float(), labels, tasks)
     with pytest.raises(ValueError):
-        reservoir_add(buf, images, labels, tasks, logits[:, :2], generator=_gen())
+        Reservoir(buf, _gen()).offer(images, labels, tasks, logits[:, :2])
     with pytest.raises(ValueError):
-        reservoir_add(buf, images, labels, tasks)
+        Reservoir(buf, None).offer(images, labels, tasks)
     with pytest.raises(ValueError):
-        uncertainty_walk(buf, images, labels, tasks, torch.rand(4), torch.tensor([]), _gen(), order="max")
+        UncertaintyWalk(buf, _gen(), order="max").walk(images, labels, tasks, torch.rand(4), torch.tensor([]))
 
 
 @CUDA
@@ -268,10 +273,10 @@ def test_cuda_walk_with_host_images_and_deterministic_mode():
     try:
         g = torch.Generator(device="cuda").manual_seed(12)
         buf = Buffer(16, SHAPE, n_classes=3, device="cuda")
-        reservoir_add(buf, *[t.cuda() for t in _batch(torch.arange(40), task=0)], generator=g)
+        Reservoir(buf, g).offer(*[t.cuda() for t in _batch(torch.arange(40), task=0)])
         images, labels, tasks, logits = _batch(torch.arange(1000, 1200), task=1)  # task data on the host
         scores = torch.rand(200, generator=_gen(13)).cuda()
-        accepted = uncertainty_walk(buf, images, labels, tasks, scores, torch.tensor([20.0, 20.0]), g, logits=logits)
+        accepted = UncertaintyWalk(buf, g).walk(images, labels, tasks, scores, torch.tensor([20.0, 20.0]), logits=logits)
         assert accepted.device.type == "cuda" and buf.size == 16
         mine = buf.tasks == 1
         assert bool(mine.any())

@@ -150,8 +150,8 @@ def test_gss_scores_stored_while_filling_are_the_batch_score_under_mammoths_rule
         images, labels = _task(0, n=8)
         method.begin_task(0, images, labels)
         method.begin_epoch(0)
-        method.offer(images[:4], labels[:4])
-        method.offer(images[4:], labels[4:])  # compared with all 4 stored (the subset holds them all)
+        method.add(images[:4], labels[:4])
+        method.add(images[4:], labels[4:])  # compared with all 4 stored (the subset holds them all)
         kept[rule] = method.buffer.scores[4:8]
         new = per_sample_grads(method.net, ctx.preprocess(images[4:]), labels[4:])
         old = per_sample_grads(method.net, ctx.preprocess(images[:4]), labels[:4])
@@ -182,8 +182,8 @@ def test_gss_rejects_copies_of_what_it_holds_once_full():
     images, labels = _task(0, n=4)
     method.begin_task(0, images, labels)
     method.begin_epoch(0)
-    method.offer(images, labels)  # fills the memory
+    method.add(images, labels)  # fills the memory
     assert len(method.buffer) == 4 and method.buffer.scores[:4].tolist() == pytest.approx([0.1] * 4)
     before = method.buffer.images.clone()
-    method.offer(images, labels)
-    assert torch.equal(method.buffer.images, before) and method.buffer.seen == 8
+    method.add(images, labels)
+    assert torch.equal(method.buffer.images, before) and method.policy.seen == 8

@@ -70,7 +70,7 @@ def test_training_keeps_the_host_labels_and_the_buffer_in_step(name):
     method, ctx = _setup(name, buffer_size=8)
     _run_tasks(method, ctx)
     assert method.slots == method.buffer.labels[: len(method.buffer)].tolist()
-    assert sum(method.seen) == method.buffer.seen == 48  # each sample offered once (one epoch)
+    assert sum(method.seen) == method.policy.seen == 48  # each sample offered once (one epoch)
     state = method.state_dict()
     again, _ = _setup(name, buffer_size=8)
     again.load_state_dict(state)

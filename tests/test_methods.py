@@ -70,7 +70,7 @@ def test_pbr_fills_the_buffer_at_task_end_and_distills_from_a_frozen_teacher():
     assert len(method.buffer) == 0  # nothing enters during the task
     method.end_task(0, images, labels)
     assert len(method.buffer) == 16 and method.buffer.scores[:16].max() > 0  # MI scores kept
-    assert method.class_counts.tolist() == [12.0, 12.0, 0.0, 0.0]
+    assert method.policy.class_counts.tolist() == [12.0, 12.0, 0.0, 0.0]
     assert not any(p.requires_grad for p in method.teacher.parameters())
     # Right after the snapshot the student equals the teacher: both constraints are zero.
     old = method._old_classes() if method.task > 0 else torch.arange(2)

@@ -35,15 +35,15 @@ def test_offset_counts_classes_or_tasks():
     by_task, _ = _setup("pbr", offset="task")
     for m in (by_class, by_task):
         _finish_tasks(m, tasks)
-    assert by_class.walk_offset_counts().tolist() == [20.0, 10.0, 3.0, 3.0]
-    assert by_task.walk_offset_counts().tolist() == [30.0, 6.0]
+    assert by_class.policy.offset_counts().tolist() == [20.0, 10.0, 3.0, 3.0]
+    assert by_task.policy.offset_counts().tolist() == [30.0, 6.0]
     # Hand computation of P_1 = |M| / (1 + sum_i s_i w_i), w = softmax(-s), buffer 16.
     def offset(s):
         z = sum(math.exp(-v) for v in s)
         return sum(v * math.exp(-v) / z for v in s)
     assert abs(offset([20, 10, 3, 3]) - 3.0) < 5e-3 and abs(offset([30, 6]) - 6.0) < 1e-9
     for m, s in ((by_class, [20, 10, 3, 3]), (by_task, [30, 6])):
-        p1 = sample_in_probability(1, m.walk_offset_counts(), 16)[0].item()
+        p1 = sample_in_probability(1, m.policy.offset_counts(), 16)[0].item()
         assert math.isclose(p1, 16 / (1 + offset(s)), rel_tol=1e-12)
 
 
@@ -52,7 +52,7 @@ def test_offset_counts_survive_a_resume():
     _finish_tasks(method, _uneven_tasks()[:1])
     again, _ = _setup("pbr", offset="task")
     again.load_state_dict(method.state_dict())
-    assert again.walk_offset_counts().tolist() == [30.0]
+    assert again.policy.offset_counts().tolist() == [30.0]
 
 
 def _two_prototype_net(method):
@@ -161,7 +161,7 @@ def test_reservoir_offers_each_sample_once_per_task_with_first_epoch():
         images, labels = _task(0)
         method.begin_task(0, images, labels)
         fit_task(method, images, labels, 3, 8)
-        assert method.buffer.seen == 24 * per_epoch, reservoir
+        assert method.policy.seen == 24 * per_epoch, reservoir
 
 
 def test_pbr_reservoir_sampling_fills_the_buffer_online_and_skips_the_walk():
@@ -174,19 +174,19 @@ def test_pbr_reservoir_sampling_fills_the_buffer_online_and_skips_the_walk():
         method, _ = _setup("pbr", sampling="reservoir", reservoir=reservoir)
         method.begin_task(0, images, labels)
         fit_task(method, images, labels, 2, 8)
-        assert method.buffer.seen == 24 * per_epoch and len(method.buffer) == 16, reservoir
+        assert method.policy.seen == 24 * per_epoch and len(method.buffer) == 16, reservoir
         stored = [bytes(x.numpy().tobytes()) for x in method.buffer.images[:16]]
         assert set(stored) <= stream
         if reservoir == "first_epoch":  # each sample offered once: no sample twice
             assert len(set(stored)) == 16
         before = method.buffer.images.clone()
         method.end_task(0, images, labels)
-        assert torch.equal(method.buffer.images, before) and method.task_counts == [24]
+        assert torch.equal(method.buffer.images, before) and method.policy.seen == 24 * per_epoch
 
     walk, _ = _setup("pbr", sampling="walk")
     walk.begin_task(0, images, labels)
     fit_task(walk, images, labels, 2, 8)
-    assert len(walk.buffer) == 0 and walk.buffer.seen == 0
+    assert len(walk.buffer) == 0 and walk.policy.seen == 0
     walk.end_task(0, images, labels)
     assert len(walk.buffer) > 0
 
@@ -242,14 +242,14 @@ def test_the_most_uncertain_samples_can_be_left_out_of_the_walk():
     """mi_outliers 0.4 of 5 samples leaves the 2 highest MI out; a buffer large enough to take
     every candidate (P_N = 100 / N >= 1) then holds exactly the other 3."""
     from pbr.buffer import Buffer
-    from pbr.selection import uncertainty_walk
+    from pbr.memory.walk import UncertaintyWalk
 
     images = torch.arange(5, dtype=torch.uint8).view(5, 1, 1, 1).expand(5, 3, 2, 2).contiguous()
     labels = torch.tensor([0, 1, 0, 1, 0])
     scores = torch.tensor([0.9, 0.1, 0.5, 0.7, 0.3])
     buf = Buffer(100, (3, 2, 2), 2, torch.device("cpu"))
-    accepted = uncertainty_walk(buf, images, labels, torch.zeros(5, dtype=torch.int64), scores, torch.tensor([]),
-                                torch.Generator().manual_seed(0), order="random", outliers=0.4)
+    walk = UncertaintyWalk(buf, torch.Generator().manual_seed(0), order="random", outliers=0.4)
+    accepted = walk.walk(images, labels, torch.zeros(5, dtype=torch.int64), scores, torch.tensor([]))
     assert accepted.tolist() == [False, True, True, False, True]
     assert sorted(buf.images[: len(buf), 0, 0, 0].tolist()) == [1, 2, 4]
 

@@ -2,8 +2,12 @@
 
 import torch
 
+from types import SimpleNamespace
+
 from pbr.buffer import Buffer
-from pbr.selection import herding, per_task_memory
+from pbr.memory import TaskEnd
+from pbr.memory.per_task import PerTask
+from pbr.selection import herding
 from test_methods import _params, _run_tasks, _setup, _task
 
 
@@ -21,11 +25,13 @@ def _images(ids):
 
 def test_per_task_memory_splits_the_capacity_equally_and_keeps_each_old_tasks_first_samples():
     buf = Buffer(6, (3, 2, 2), n_classes=4)
-    g = torch.Generator().manual_seed(0)
-    per_task_memory(buf, _images(range(10)), torch.zeros(10, dtype=torch.int64), 0, torch.zeros(10, 4), g)
+    memory = PerTask(buf, torch.Generator().manual_seed(0))
+    # The learner's logits on each task's samples: zeros on task 0's, ones on task 1's.
+    learner = SimpleNamespace(memory_logits=lambda images: (images[:, :1, 0, 0] >= 100).float().expand(-1, 4))
+    memory.end_task(TaskEnd(learner, 0, _images(range(10)), torch.zeros(10, dtype=torch.int64)))
     first = buf.images[:6, 0, 0, 0].tolist()
     assert len(buf) == 6 and len(set(first)) == 6
-    per_task_memory(buf, _images(range(100, 110)), torch.ones(10, dtype=torch.int64), 1, torch.ones(10, 4), g)
+    memory.end_task(TaskEnd(learner, 1, _images(range(100, 110)), torch.ones(10, dtype=torch.int64)))
     assert len(buf) == 6 and buf.tasks[:6].tolist() == [0, 0, 0, 1, 1, 1]
     assert buf.images[:3, 0, 0, 0].tolist() == first[:3]  # task 0 keeps its first three
     assert all(v >= 100 for v in buf.images[3:6, 0, 0, 0].tolist())

@@ -4,7 +4,7 @@ A-GEM keeps GEM's constraint on average: one reference gradient g_ref from a ran
 whole memory, and where the current gradient g points against it (g . g_ref < 0) the step takes
 g - (g . g_ref / g_ref . g_ref) g_ref, the closest gradient with no negative inner product.
 A-GEM's memory holds equal shares per task, filled at each task's end (the A-GEM paper's episodic
-memory; pbr/selection.py: per_task_memory). A-GEM-R is the same step over ER's online reservoir
+memory; pbr/memory/per_task.py). A-GEM-R is the same step over ER's online reservoir
 (Mammoth's `agem_r`). Mammoth's `agem` stores one batch per task through its reservoir instead;
 the per-task memory is the A-GEM paper's. Both augment the memory batch of the reference gradient,
 as Mammoth's `agem` does; Mammoth's `agem_r` replays its batch un-augmented (models/agem_r.py
@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import torch
 
+from pbr.memory.per_task import PerTask
+from pbr.memory.reservoir import Reservoir
 from pbr.methods.base import MAMMOTH, RESERVOIR, Best, ContinualMethod
 from pbr.methods.gem import flat_grad, grad_of, set_flat_grad
-from pbr.selection import per_task_memory, reservoir_add
 
 
 def agem_project(g: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -29,7 +30,7 @@ def agem_project(g: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 class AGEM(ContinualMethod):
     name = "agem"
     label = "A-GEM"
-    uses_buffer = True
+    memory = PerTask
     best = (
         Best("cifar10", None, {"lr": 0.03}, f"{MAMMOTH} seq-cifar10 (buffer 200, 500, 5120)"),
         Best("tinyimagenet", None, {"lr": 0.01}, f"{MAMMOTH} seq-tinyimg (buffer 200, 500, 5120)"),
@@ -47,27 +48,17 @@ class AGEM(ContinualMethod):
             self.reference = grad_of(self.ce(self.net(bx), by), self.params)
         out = self.net(x)
         self.count(out, y)
-        return self.step(self.ce(out, y))
+        loss = self.step(self.ce(out, y))
+        self.offer(raw, y)  # A-GEM-R's reservoir; A-GEM's memory fills at the task's end
+        return loss
 
     def after_backward(self) -> None:
         if self.reference is not None:
             set_flat_grad(self.params, agem_project(flat_grad(self.params), self.reference))
 
-    def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
-        per_task_memory(self.buffer, images, labels, task,
-                        torch.zeros(labels.shape[0], self.ctx.n_classes, device=images.device), self.ctx.generator)
-
 
 class AGEMR(AGEM):
     name = "agem_r"
     label = "A-GEM-R"
+    memory = Reservoir
     settings = (RESERVOIR,)
-
-    def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
-        loss = super().observe(x, y, raw)
-        if self.offers_to_reservoir():
-            reservoir_add(self.buffer, raw, y, torch.full_like(y, self.task), generator=self.ctx.generator)
-        return loss
-
-    def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
-        pass  # the reservoir is filled online

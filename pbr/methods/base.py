@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from pbr.buffer import Buffer
+from pbr.memory import Memory, TaskEnd
 from pbr.models import Net
 
 
@@ -107,7 +108,9 @@ class Options(SimpleNamespace):
 class ContinualMethod:
     name: ClassVar[str] = "base"
     label: ClassVar[str] = "base"  # as the paper's tables write it
-    uses_buffer: ClassVar[bool] = False
+    # The replay memory's policy (pbr/memory/): what the buffer keeps; None: no replay memory.
+    memory: ClassVar[type[Memory] | None] = None
+    uses_buffer: ClassVar[bool] = False  # memory is not None (set for each subclass)
     # Its place in the paper's tables: a "bound" (SGD, JOINT: also on the balanced stream), a
     # "baseline", or "ours" (PBR).
     role: ClassVar[str] = "baseline"
@@ -122,9 +125,13 @@ class ContinualMethod:
     defaults_source: ClassVar[str] = "the paper's common protocol (SGD at lr 0.03, a linear head, no dropout)"
     best: ClassVar[tuple[Best, ...]] = ()
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.uses_buffer = cls.memory is not None
+
     def __init__(self, net: Net, ctx: Context, opts: Options) -> None:
         self.net, self.ctx, self.opts = net, ctx, opts
-        self.buffer: Buffer | None = None
+        self.policy: Memory | None = None  # the `memory` policy over the buffer, built at the first task
         if self.uses_buffer and opts.buffer_size < 1:
             raise ValueError(f"{self.name} needs a replay buffer: buffer size must be >= 1")
         self.task = -1
@@ -199,9 +206,10 @@ class ContinualMethod:
     # --- the two calls the loop makes (plus begin_task) ---------------------------------------
     def begin_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
         self.task = task
-        if self.uses_buffer and self.buffer is None:
-            self.buffer = Buffer(self.opts.buffer_size, tuple(images.shape[1:]), self.ctx.n_classes,
-                                 self.ctx.device)
+        if self.memory is not None and self.policy is None:
+            self.policy = self.make_policy(self._storage(tuple(images.shape[1:])))
+        if self.policy is not None:
+            self.policy.begin_task(task)
         # Plain SGD as in the paper (no momentum; weight decay only where a method's published
         # best has it), fresh for each task.
         self.opt = torch.optim.SGD(self.net.parameters(), lr=self.opts.lr,
@@ -219,7 +227,10 @@ class ContinualMethod:
         return self.step(self.ce(out, y))
 
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
-        """Called once the task's epochs are done, with the task's raw training images."""
+        """Called once the task's epochs are done, with the task's raw training images: the
+        memory's policy sees the task first (a policy filled online ignores it)."""
+        if self.policy is not None:
+            self.policy.end_task(TaskEnd(self, task, images, labels))
 
     def task_data(self, task: int, seen: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """The data trained on during `task` (default: that task's own data)."""
@@ -301,11 +312,6 @@ class ContinualMethod:
         images, labels, _, logits = self.buffer.get(idx)
         return self.ctx.augment(images, self.ctx.generator), labels, logits
 
-    def offers_to_reservoir(self) -> bool:
-        """Whether this epoch's batches go to the online reservoir (every epoch, as in Mammoth, or
-        only the task's first, so each sample is offered once whatever the task's epochs)."""
-        return self.opts.reservoir == "every_epoch" or self.epoch == 0
-
     def has_replay(self) -> bool:
         return self.buffer is not None and len(self.buffer) > 0
 
@@ -316,14 +322,64 @@ class ContinualMethod:
         """Add the current batch's correct predictions to `correct` (no host sync)."""
         self.correct += (logits.detach().argmax(1) == y).sum()
 
+    # --- the replay memory: `memory` names its policy (pbr/memory/) ------------------------------
+    @property
+    def buffer(self) -> Buffer | None:
+        """The memory's storage (None without a replay memory, or before the first task)."""
+        return None if self.policy is None else self.policy.buffer
+
+    def _storage(self, image_shape: tuple[int, ...]) -> Buffer:
+        return Buffer(self.opts.buffer_size, image_shape, self.ctx.n_classes, self.ctx.device)
+
+    def make_policy(self, buffer: Buffer) -> Memory:
+        """The `memory` policy over `buffer`; a method whose settings choose or tune its policy
+        (PBR's sampling, GEM's gem_memory, PRS's rho) builds it here."""
+        return self.memory(buffer, self.ctx.generator, self)
+
+    def offers_this_epoch(self) -> bool:
+        """Whether this epoch's batches go to the memory (`reservoir`: every epoch, as in Mammoth, or
+        only the task's first, so each sample is offered once whatever the task's epochs)."""
+        return getattr(self.opts, "reservoir", "every_epoch") == "every_epoch" or self.epoch == 0
+
+    def offer(self, raw: torch.Tensor, y: torch.Tensor, logits: torch.Tensor | None = None) -> None:
+        """Offer a batch's raw images to the memory after the step: an online policy keeps what its
+        rule says, a policy that chooses at a task's end ignores it."""
+        if self.policy is not None and self.offers_this_epoch():
+            self.policy.offer(raw, y, torch.full_like(y, self.task), logits)
+
+    # What a policy may ask about the task just learned (pbr/memory/base.py: TaskEnd).
+    @torch.no_grad()
+    def memory_features(self, images: torch.Tensor) -> torch.Tensor:
+        """The network's features of raw images, in eval mode (herding ranks by them)."""
+        was_training = self.net.training
+        self.net.eval()
+        bs = self.ctx.eval_batch_size
+        feats = torch.cat([self.net.features(self.ctx.preprocess(images[i:i + bs]))
+                           for i in range(0, images.shape[0], bs)])
+        self.net.train(was_training)
+        return feats
+
+    def memory_logits(self, images: torch.Tensor) -> torch.Tensor:
+        """The logits a per-task memory keeps with each sample: zeros (FDR keeps the network's)."""
+        return torch.zeros(images.shape[0], self.ctx.n_classes, device=images.device)
+
+    @torch.no_grad()
+    def memory_scores(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Each sample's uncertainty (PBR's walk orders by it): the mutual information of 20
+        MC-dropout passes of the network's head over the classes seen (PBR scores with its readings)."""
+        from pbr.uncertainty import score_images
+
+        mi, _ = score_images(self.net, images, 20, 1.0, self.ctx.eval_batch_size, self.ctx.preprocess,
+                             self.ctx.generator, classes=self.ctx.seen_classes(task))
+        return mi
+
     # --- exact resume ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"task": self.task, "buffer": self.buffer.state_dict() if self.buffer is not None else None}
+        # "buffer": the storage and the policy's counters (the policy's state_dict).
+        return {"task": self.task, "buffer": self.policy.state_dict() if self.policy is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.task = state["task"]
         if state["buffer"] is not None:
-            buf = state["buffer"]
-            self.buffer = Buffer(self.opts.buffer_size, tuple(buf["images"].shape[1:]), self.ctx.n_classes,
-                                 self.ctx.device)
-            self.buffer.load_state_dict(buf)
+            self.policy = self.make_policy(self._storage(tuple(state["buffer"]["images"].shape[1:])))
+            self.policy.load_state_dict(state["buffer"])

@@ -4,14 +4,14 @@ cross-entropy on a second, independent buffer draw. Mammoth's rules and best hyp
 import torch
 import torch.nn.functional as F
 
+from pbr.memory.reservoir import Reservoir
 from pbr.methods.base import ALPHA, BETA, MAMMOTH, RESERVOIR, Best, ContinualMethod
-from pbr.selection import reservoir_add
 
 
 class DER(ContinualMethod):
     name = "der"
     label = "DER"
-    uses_buffer = True
+    memory = Reservoir
     settings = (ALPHA, RESERVOIR)  # alpha: weight of the logit MSE
     defaults = {**ContinualMethod.defaults, "alpha": 0.3}
     defaults_source = f"{MAMMOTH} seq-cifar10, buffer 200 (no published value for this dataset and buffer)"
@@ -33,9 +33,7 @@ class DER(ContinualMethod):
                 bx2, by2, _ = self.replay()
                 loss = loss + self.opts.beta * self.ce(self.net(bx2), by2)
         loss = self.step(loss)
-        if self.offers_to_reservoir():
-            reservoir_add(self.buffer, raw, y, torch.full_like(y, self.task), logits=out.detach(),
-                          generator=self.ctx.generator)
+        self.offer(raw, y, out.detach())
         return loss
 
 

@@ -2,14 +2,14 @@
 
 import torch
 
+from pbr.memory.reservoir import Reservoir
 from pbr.methods.base import MAMMOTH, RESERVOIR, Best, ContinualMethod
-from pbr.selection import reservoir_add
 
 
 class ER(ContinualMethod):
     name = "er"
     label = "ER"
-    uses_buffer = True
+    memory = Reservoir
     settings = (RESERVOIR,)
     best = (
         Best("cifar10", None, {"lr": 0.1}, f"{MAMMOTH} seq-cifar10 (buffer 200, 500, 5120)"),
@@ -27,11 +27,5 @@ class ER(ContinualMethod):
         out = self.net(inputs)
         self.count(out[: y.shape[0]], y)
         loss = self.step(self.ce(out, labels))
-        if self.offers_to_reservoir():
-            self.store(raw, y)
+        self.offer(raw, y)
         return loss
-
-    def store(self, raw: torch.Tensor, y: torch.Tensor) -> None:
-        """Offer the batch's raw images to the memory (ER: Mammoth's online reservoir). Methods that
-        keep ER's step and change only what the memory keeps (GSS, PRS, CBRS) override this."""
-        reservoir_add(self.buffer, raw, y, torch.full_like(y, self.task), generator=self.ctx.generator)

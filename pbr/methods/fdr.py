@@ -1,6 +1,6 @@
 """FDR: function distance regularisation (Benjamin et al. 2019), as Mammoth's `fdr`.
 
-The memory holds equal shares per task (pbr/selection.py: per_task_memory) with the network's
+The memory holds equal shares per task (pbr/memory/per_task.py) with the network's
 outputs on them at the end of their task. Each batch takes two SGD steps: cross-entropy on the
 current batch, then, once the memory holds something, alpha times the L2 distance between the
 network's softmax and the stored one on a memory batch. Mammoth's best_args list an alpha, but its
@@ -12,14 +12,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pbr.memory.per_task import PerTask
 from pbr.methods.base import ALPHA, MAMMOTH, Best, ContinualMethod
-from pbr.selection import per_task_memory
 
 
 class FDR(ContinualMethod):
     name = "fdr"
     label = "FDR"
-    uses_buffer = True
+    memory = PerTask
     settings = (ALPHA,)  # weight of the function distance
     defaults = {**ContinualMethod.defaults, "alpha": 1.0}
     defaults_source = "Mammoth's FDR: the distance's effective weight 1 (its alpha is never read)"
@@ -39,10 +39,11 @@ class FDR(ContinualMethod):
         return loss
 
     @torch.no_grad()
-    def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
+    def memory_logits(self, images: torch.Tensor) -> torch.Tensor:
+        """The network's outputs (eval mode) at the end of the samples' task: the memory keeps them."""
         was_training = self.net.training
         self.net.eval()
         bs = self.ctx.eval_batch_size
         logits = torch.cat([self.net(self.ctx.preprocess(images[i:i + bs])) for i in range(0, images.shape[0], bs)])
         self.net.train(was_training)
-        per_task_memory(self.buffer, images, labels, task, logits, self.ctx.generator)
+        return logits

@@ -12,11 +12,11 @@ strength, Mammoth's gamma) > 0 pushes z further inside the cone; margin 0 is the
 
 The memory (`gem_memory`) is where this file departs from Mammoth's gem @5bb9275 by default:
 - "per_task" (default): equal shares of the capacity per task, filled at each task's end
-  (pbr/selection.py: per_task_memory; after task t each task keeps capacity // (t + 1) samples,
+  (pbr/memory/per_task.py; after task t each task keeps capacity // (t + 1) samples,
   the new one a random draw of its data), the GEM paper's episodic memory within one budget.
 - "one_batch": Mammoth's gem @5bb9275: at each task's end one random batch of the task
   (train.replay_batch_size samples, 32 as Mammoth's loader batch) goes into the memory through
-  the online reservoir, whatever the capacity: in the fifth task of five it holds 4 x 32 = 128
+  the online reservoir, whatever the capacity (pbr/memory/batch_per_task.py): in the fifth task of five it holds 4 x 32 = 128
   samples at buffer 200 as at 5120. (Later Mammoth versions fill equal shares per class.)
 The default honours method.buffer_size: the paper's GEM rows differ between buffer 200 and 500
 (Seq-CIFAR-100-LT: 16.15 and 22.47 Class-IL), which one batch per task would not explain. Its
@@ -31,8 +31,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from pbr.memory.batch_per_task import BatchPerTask
+from pbr.memory.per_task import PerTask
 from pbr.methods.base import MAMMOTH, Auto, Best, ContinualMethod, Setting, non_negative
-from pbr.selection import per_task_memory, reservoir_add
 
 MARGIN = Setting("margin", float | Auto, "auto", "GEM's memory strength: the QP's lower bound on its dual variables "
                  "(0: the exact projection)", non_negative, "a number >= 0 or auto")
@@ -81,7 +82,7 @@ def gem_project(g: torch.Tensor, G: torch.Tensor, margin: float = 0.0, eps: floa
 class GEM(ContinualMethod):
     name = "gem"
     label = "GEM"
-    uses_buffer = True
+    memory = PerTask
     settings = (MARGIN, MEMORY)
     defaults = {**ContinualMethod.defaults, "margin": 0.5}
     defaults_source = "the GEM paper's code (memory strength 0.5); the paper's common protocol otherwise"
@@ -121,16 +122,13 @@ class GEM(ContinualMethod):
         if violated:
             set_flat_grad(self.params, gem_project(g, self.memory_grads, self.opts.margin))
 
-    def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
-        g = self.ctx.generator
+    def make_policy(self, buffer):
         if self.opts.gem_memory == "one_batch":
-            batch = torch.randperm(labels.shape[0], generator=g, device=g.device)[: self.ctx.replay_batch_size]
-            batch = batch.to(labels.device)
-            reservoir_add(self.buffer, images[batch], labels[batch], torch.full_like(labels[batch], task),
-                          generator=g)
-        else:
-            per_task_memory(self.buffer, images, labels, task,
-                            torch.zeros(labels.shape[0], self.ctx.n_classes, device=images.device), g)
+            return BatchPerTask(buffer, self.ctx.generator, self, batch=self.ctx.replay_batch_size)
+        return super().make_policy(buffer)
+
+    def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
+        super().end_task(task, images, labels)
         self.groups = None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

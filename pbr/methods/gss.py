@@ -29,6 +29,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from pbr.memory import Memory
 from pbr.methods.base import MAMMOTH, RESERVOIR, Best, Setting, positive
 from pbr.methods.er import ER
 
@@ -68,15 +69,16 @@ def scores(new: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
 class GSS(ER):
     name = "gss"
     label = "GSS"
-    uses_buffer = True
+    memory = Memory  # its policy still in this file (being moved to pbr/memory/)
     settings = (RESERVOIR, SUBSET, RULE)
     best = (Best("cifar10", None, {"lr": 0.03}, f"{MAMMOTH} seq-cifar10 (buffer 200, 500, 5120)"),)
 
-    def store(self, raw: torch.Tensor, y: torch.Tensor) -> None:
-        with torch.autocast(self.ctx.device.type, enabled=False):  # scores near 1 decide: no bf16
-            self.offer(raw, y)
+    def offer(self, raw: torch.Tensor, y: torch.Tensor, logits=None) -> None:
+        if self.offers_this_epoch():
+            with torch.autocast(self.ctx.device.type, enabled=False):  # scores near 1 decide: no bf16
+                self.add(raw, y)
 
-    def offer(self, raw: torch.Tensor, y: torch.Tensor) -> None:
+    def add(self, raw: torch.Tensor, y: torch.Tensor) -> None:
         buf, g, b = self.buffer, self.ctx.generator, y.shape[0]
         mammoth = self.opts.gss_rule == "mammoth"
         if len(buf) == 0:
@@ -99,7 +101,7 @@ class GSS(ER):
         t = torch.tensor(targets, device=buf.device)
         buf.write(t, raw, y, torch.full_like(y, self.task), scores=torch.tensor(kept, device=buf.device))
         # A write dropped (slot = capacity) must not change the kept scores: write() left them alone.
-        buf.seen += b
+        self.policy.seen += b
         buf.size = len(held)
 
     def place(self, held: list[float], c: float, u: list[float], batch_c: float | None = None) -> int:

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from pbr.errors import UserError
+from pbr.memory import Memory
 from pbr.methods.base import MAMMOTH, Auto, Best, ContinualMethod, Setting, non_negative
 
 ANCHOR_STEPS = 100  # Mammoth's steps_on_anchors
@@ -68,7 +69,7 @@ def learn_anchor(theta: torch.nn.Module, spare: torch.nn.Module, c: int, phi: to
 class HAL(ContinualMethod):
     name = "hal"
     label = "HAL"
-    uses_buffer = True
+    memory = Memory  # its policy still in this file (being moved to pbr/memory/)
     settings = SETTINGS
     defaults = {**ContinualMethod.defaults, "hal_lambda": 0.1, "hal_beta": 0.5, "hal_gamma": 0.1}
     defaults_source = "Mammoth's hal defaults (lambda 0.1, beta 0.5, gamma 0.1); the paper's common protocol otherwise"
@@ -134,7 +135,7 @@ class HAL(ContinualMethod):
         k = torch.arange(self.ring_seen, self.ring_seen + b, device=self.buffer.device)
         self.buffer.write(self.ring_start + k % per, raw, y, torch.full_like(y, self.task))
         self.ring_seen += b
-        self.buffer.seen += b
+        self.policy.seen += b
         self.buffer.size = self.ring_start + min(self.ring_seen, per)
 
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:

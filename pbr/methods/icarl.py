@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from pbr.memory import Memory
 from pbr.methods.base import MAMMOTH, WEIGHT_DECAY, Best, ContinualMethod
 from pbr.selection import class_herding_memory
 
@@ -28,7 +29,7 @@ from pbr.selection import class_herding_memory
 class ICaRL(ContinualMethod):
     name = "icarl"
     label = "iCaRL"
-    uses_buffer = True
+    memory = Memory  # its policy still in this file (being moved to pbr/memory/)
     predicts_with_net = False
     settings = (WEIGHT_DECAY,)
     best = (

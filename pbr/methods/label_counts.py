@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from pbr.memory import Memory
 from pbr.methods.base import Best
 from pbr.methods.er import ER
 
@@ -20,6 +21,7 @@ class LabelCountReplay(ER):
     # The same replay step as ER, so its tuned lr: the memories differ, nothing else.
     best = tuple(Best(b.dataset, b.buffer_size, b.values, f"ER's ({b.source})") for b in ER.best)
     uniforms = 3  # draws per sample the policy reads
+    memory = Memory  # its policy still in this file (being moved to pbr/memory/)
 
     def __init__(self, net, ctx, opts) -> None:
         super().__init__(net, ctx, opts)
@@ -30,12 +32,16 @@ class LabelCountReplay(ER):
         """The slot for a sample of `label` (capacity: not stored); updates seen and slots."""
         raise NotImplementedError
 
+    def offer(self, raw: torch.Tensor, y: torch.Tensor, logits=None) -> None:
+        if self.offers_this_epoch():
+            self.store(raw, y)
+
     def store(self, raw: torch.Tensor, y: torch.Tensor) -> None:
         u = torch.rand(y.shape[0], self.uniforms, dtype=torch.float64, generator=self.ctx.generator,
                        device=self.ctx.device).tolist()
         targets = [self.place(label, draws) for label, draws in zip(y.tolist(), u)]
         self.buffer.write(torch.tensor(targets, device=self.buffer.device), raw, y, torch.full_like(y, self.task))
-        self.buffer.seen += y.shape[0]
+        self.policy.seen += y.shape[0]
         self.buffer.size = len(self.slots)
 
     def state_dict(self) -> dict[str, Any]:

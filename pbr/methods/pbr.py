@@ -19,8 +19,9 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from pbr.memory.reservoir import Reservoir
+from pbr.memory.walk import UncertaintyWalk
 from pbr.methods.base import ALPHA, BETA, RESERVOIR, TAU2, Auto, ContinualMethod, Setting, positive
-from pbr.selection import reservoir_add, uncertainty_walk
 from pbr.uncertainty import score_images
 
 
@@ -29,7 +30,7 @@ class PBR(ContinualMethod):
     role = "ours"
     row_order = ("random", "")  # the paper's: Ours - Random above Ours, the ablations after
     label = "PBR"
-    uses_buffer = True
+    memory = UncertaintyWalk  # or the online reservoir (sampling: reservoir): make_policy
     # The readings of the paper's open points are settings; docs/method.md gives the evidence.
     # Declared in the order a table's row label names them.
     settings = (
@@ -129,9 +130,14 @@ class PBR(ContinualMethod):
         super().__init__(net, ctx, opts)
         self.teacher = None
         self.old_prototypes: torch.Tensor | None = None
-        # Running class frequencies s_i, observed from the stream itself (no prior).
-        self.class_counts = torch.zeros(ctx.n_classes, dtype=torch.float64)
-        self.task_counts: list[int] = []  # samples of each finished task (offset = "task")
+
+    def make_policy(self, buffer):
+        o = self.opts
+        if o.sampling == "reservoir":
+            return Reservoir(buffer, self.ctx.generator, self)
+        return UncertaintyWalk(buffer, self.ctx.generator, self, order=o.buffer_order, candidate=o.walk_candidate,
+                               count=o.walk_count, offset=o.offset, power=o.mi_power, rank=o.walk_rank,
+                               outliers=o.mi_outliers)
 
     def _old_classes(self) -> torch.Tensor:
         return torch.cat(self.ctx.task_classes[: self.task])
@@ -160,9 +166,8 @@ class PBR(ContinualMethod):
         return self._stored(self.step(loss), raw, y)
 
     def _stored(self, loss: torch.Tensor, raw: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """sampling = reservoir: the batch is offered to the online reservoir after the step (ER's rule)."""
-        if self.opts.sampling == "reservoir" and self.offers_to_reservoir():
-            reservoir_add(self.buffer, raw, y, torch.full_like(y, self.task), generator=self.ctx.generator)
+        """The batch is offered to the memory after the step (kept by sampling = reservoir only)."""
+        self.offer(raw, y)
         return loss
 
     def _distill(self, bx: torch.Tensor, s_logits: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
@@ -185,13 +190,6 @@ class PBR(ContinualMethod):
             imprint_weights(self.net, images, labels, self.ctx.task_classes[task], self._old_classes(),
                             self.ctx.preprocess, self.ctx.eval_batch_size)
 
-    def walk_offset_counts(self) -> torch.Tensor:
-        """The s_i of the sample-in offset: running counts of the classes seen before this task
-        (offset = "class"), or the sample counts of the earlier tasks (offset = "task")."""
-        if self.opts.offset == "task":
-            return torch.tensor(self.task_counts, dtype=torch.float64)
-        return self.class_counts[self.class_counts > 0]
-
     def mi_temperature(self) -> float:
         """The MI scores softmax(logits / t): t = tau1 on the head's logits s*cos ("scaled"), or
         tau1 * s so that the softmax sees cos / tau1 as in the paper's MC equation ("cosine")."""
@@ -200,40 +198,25 @@ class PBR(ContinualMethod):
 
     @torch.no_grad()
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
-        if self.opts.sampling == "walk":
-            self._walk(task, images, labels)
-        self.class_counts += torch.bincount(labels.cpu(), minlength=self.ctx.n_classes).double()
-        self.task_counts.append(int(labels.shape[0]))
+        super().end_task(task, images, labels)  # the walk (sampling: walk)
         self.snapshot_teacher()
 
-    def _walk(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
-        """The end-of-task walk over the task's samples in MI order (before the task's counts join
-        the offset)."""
+    @torch.no_grad()
+    def memory_scores(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The walk's order: the MC-dropout MI of the task's samples."""
         o = self.opts
         # The first task has no earlier model: its own scores it under either reading.
         scorer = self.teacher if o.mi_model == "teacher" and self.teacher is not None else self.net
         mi, _ = score_images(scorer, images, o.mc_samples, self.mi_temperature(), self.ctx.eval_batch_size,
                              self.ctx.preprocess, self.ctx.generator, classes=self.ctx.seen_classes(task))
-        # N of the sample-in probability: this walk's steps ("task") or the whole stream so far.
-        start = int(self.class_counts.sum()) if o.walk_count == "stream" else 0
-        uncertainty_walk(self.buffer, images, labels, torch.full_like(labels, task), mi, self.walk_offset_counts(),
-                         self.ctx.generator, order=o.buffer_order, candidate=o.walk_candidate, start=start,
-                         power=o.mi_power, rank=o.walk_rank, outliers=o.mi_outliers)
+        return mi
 
     def snapshot_teacher(self) -> None:
         self.teacher = copy.deepcopy(self.net).eval().requires_grad_(False)
         self.old_prototypes = self.net.prototypes().detach().clone()
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "class_counts": self.class_counts.clone(),
-                "task_counts": list(self.task_counts)}
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.class_counts = state["class_counts"].cpu().clone()  # kept on the host
-        # A state saved before task counts were kept: rebuild them from the class counts.
-        self.task_counts = list(state.get("task_counts") or [
-            int(self.class_counts[c.cpu()].sum()) for c in self.ctx.task_classes[: self.task + 1]])
         # The teacher is the network as it was at the end of the saved task: the loaded net.
         if self.task >= 0:
             self.snapshot_teacher()

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pbr.memory import Memory
 from pbr.methods.base import ContinualMethod, Setting, non_negative, positive
 from pbr.selection import class_herding_memory
 
@@ -130,7 +131,7 @@ class PODNetPlus(ContinualMethod):
     name = "podnet"
     label = "PODNet+"
     role = "ltcl"  # the paper's Table 1, not Table 2
-    uses_buffer = True
+    memory = Memory  # its policy still in this file (being moved to pbr/memory/)
     predicts_with_net = False
     settings = SETTINGS
 
