@@ -113,22 +113,6 @@ class Buffer:
             scores = torch.zeros(targets.numel(), device=dev)
         self._scores.index_copy_(0, targets, scores.detach().to(dev, torch.float32, non_blocking=True))
 
-    def replace(
-        self,
-        images: torch.Tensor,
-        labels: torch.Tensor,
-        tasks: torch.Tensor,
-        logits: torch.Tensor | None = None,
-        scores: torch.Tensor | None = None,
-    ) -> None:
-        """Make these rows the whole content (policies that rebuild the memory: per-task memories,
-        herding)."""
-        n = self.check_batch(images, labels, tasks, logits)
-        if n > self.capacity:
-            raise ValueError(f"{n} rows do not fit a buffer of {self.capacity}")
-        self.write(torch.arange(n, device=self.device), images, labels, tasks, logits, scores)
-        self.size = n
-
     # ---------------------------------------------------------------- reading
     def sample(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """Indices of min(n, size) filled slots, uniform without replacement."""

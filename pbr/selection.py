@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from pbr.buffer import Buffer
 
 ORDERS = ("uncertain_first", "certain_first", "random", "uncertain_weighted", "certain_weighted")
 RANKS = ("task", "class")
@@ -81,30 +80,3 @@ def herding(features: torch.Tensor, m: int) -> torch.Tensor:
         taken[i] = True
         total += features[i]
     return torch.tensor(chosen, dtype=torch.int64, device=features.device)
-
-
-def class_herding_memory(
-    buffer: Buffer,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    features: torch.Tensor,
-    new_classes: torch.Tensor,
-    n_classes_seen: int,
-    task: int,
-) -> None:
-    """iCaRL's memory: capacity // n_classes_seen samples per class; each old class keeps its first
-    ones (its herding order), each new class gets its herding choice among `features`."""
-    per = buffer.capacity // n_classes_seen
-    n = buffer.size
-    old = buffer.labels[:n]
-    same = old.unsqueeze(0) == old.unsqueeze(1)
-    keep = torch.nonzero(torch.tril(same.long(), diagonal=-1).sum(1) < per).squeeze(1)
-    parts_x, parts_y = [buffer.images[keep]], [buffer.labels[keep]]
-    parts_t = [buffer.tasks[keep]]
-    for c in new_classes.tolist():
-        idx = torch.nonzero(labels == c).squeeze(1)
-        pick = idx[herding(features[idx], per)]
-        parts_x.append(images[pick].to(buffer.device))
-        parts_y.append(labels[pick].to(buffer.device))
-        parts_t.append(torch.full((pick.numel(),), task, dtype=torch.int64, device=buffer.device))
-    buffer.replace(torch.cat(parts_x), torch.cat(parts_y), torch.cat(parts_t))

@@ -227,10 +227,8 @@ class ContinualMethod:
         return self.step(self.ce(out, y))
 
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
-        """Called once the task's epochs are done, with the task's raw training images: the
-        memory's policy sees the task first (a policy filled online ignores it)."""
-        if self.policy is not None:
-            self.policy.end_task(TaskEnd(self, task, images, labels))
+        """Called once the task's epochs are done, with the task's raw training images."""
+        self.update_memory(task, images, labels)
 
     def task_data(self, task: int, seen: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """The data trained on during `task` (default: that task's own data)."""
@@ -335,6 +333,14 @@ class ContinualMethod:
         """The `memory` policy over `buffer`; a method whose settings choose or tune its policy
         (PBR's sampling, GEM's gem_memory, PRS's rho) builds it here."""
         return self.memory(buffer, self.ctx.generator, self)
+
+    def update_memory(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> TaskEnd:
+        """The memory's policy sees the task just learned (a policy filled online ignores it).
+        Returns what it read, for a method that needs the same numbers (PODNet's features)."""
+        end = TaskEnd(self, task, images, labels)
+        if self.policy is not None:
+            self.policy.end_task(end)
+        return end
 
     def offers_this_epoch(self) -> bool:
         """Whether this epoch's batches go to the memory (`reservoir`: every epoch, as in Mammoth, or

@@ -5,7 +5,7 @@ Loss: binary cross-entropy with logits over the classes seen so far; the targets
 task's classes are the one-hot labels, those of the old classes the sigmoid outputs of the frozen
 network of the previous task (distillation). At the end of a task the memory keeps
 capacity // classes-seen samples per class: the old classes their first ones, each new class its
-herding choice (pbr/selection.py). Prediction is the nearest mean of exemplars: the class whose
+herding choice (pbr/memory/herding.py). Prediction is the nearest mean of exemplars: the class whose
 memory samples' mean feature is nearest (squared Euclidean, unnormalised features as Mammoth).
 The class means are exact means over the class's exemplars; Mammoth's (compute_class_means
 @5bb9275) folds in one batch_size chunk at a time as (running + chunk mean) / 2, which weighs later
@@ -21,15 +21,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pbr.memory import Memory
+from pbr.memory.herding import ClassHerding
 from pbr.methods.base import MAMMOTH, WEIGHT_DECAY, Best, ContinualMethod
-from pbr.selection import class_herding_memory
 
 
 class ICaRL(ContinualMethod):
     name = "icarl"
     label = "iCaRL"
-    memory = Memory  # its policy still in this file (being moved to pbr/memory/)
+    memory = ClassHerding
     predicts_with_net = False
     settings = (WEIGHT_DECAY,)
     best = (
@@ -61,22 +60,15 @@ class ICaRL(ContinualMethod):
         loss = F.binary_cross_entropy_with_logits(out.index_select(1, seen), target.index_select(1, seen))
         return self.step(loss)
 
-    def _features(self, images: torch.Tensor) -> torch.Tensor:
-        bs = self.ctx.eval_batch_size
-        return torch.cat([self.net.features(self.ctx.preprocess(images[i:i + bs]))
-                          for i in range(0, images.shape[0], bs)])
-
     @torch.no_grad()
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
         was_training = self.net.training
         self.net.eval()
         self.teacher = copy.deepcopy(self.net).requires_grad_(False)
-        new = self.ctx.task_classes[task]
-        mine = torch.isin(labels, new)  # the task's own samples (the memory's were mixed in)
-        class_herding_memory(self.buffer, images[mine], labels[mine], self._features(images[mine]), new,
-                             self.ctx.seen_classes(task).numel(), task)
+        mine = torch.isin(labels, self.ctx.task_classes[task])  # the task's own samples (the memory's were mixed in)
+        self.update_memory(task, images[mine], labels[mine])
         n = len(self.buffer)
-        feats = self._features(self.buffer.images[:n])
+        feats = self.memory_features(self.buffer.images[:n])
         means = torch.full((self.ctx.n_classes, feats.shape[1]), float("nan"), device=feats.device)
         for c in self.buffer.labels[:n].unique().tolist():
             means[c] = feats[self.buffer.labels[:n] == c].mean(0)

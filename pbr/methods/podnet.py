@@ -19,7 +19,7 @@ Stage 1, each task, on the task's data and the whole memory (as iCaRL):
   sqrt(classes seen / new classes): pod_spatial x POD-spatial (each ResNet stage's squared
   activations summed over width and over height, L2-normalised per sample; the mean over stages
   of the distance between the old and the new) + pod_flat x (1 - cosine) of the pooled features.
-Memory: iCaRL's herding, capacity // classes seen per class (pbr/selection.py).
+Memory: iCaRL's herding, capacity // classes seen per class (pbr/memory/herding.py).
 Stage 2, after each task: the backbone and the proxies frozen, a learnable scale per class
 (learnable weight scaling) trained on class-balanced draws of the task's data and the memory,
 `lws_epochs` epochs of cross-entropy on eta * scale * similarity at lr / `lws_lr_factor`,
@@ -45,9 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pbr.memory import Memory
+from pbr.memory.herding import ClassHerding
 from pbr.methods.base import ContinualMethod, Setting, non_negative, positive
-from pbr.selection import class_herding_memory
 
 SETTINGS = (
     Setting("pod_spatial", float, 3.0, "PODNet: weight of the POD-spatial distillation", non_negative, "a number >= 0"),
@@ -131,7 +130,7 @@ class PODNetPlus(ContinualMethod):
     name = "podnet"
     label = "PODNet+"
     role = "ltcl"  # the paper's Table 1, not Table 2
-    memory = Memory  # its policy still in this file (being moved to pbr/memory/)
+    memory = ClassHerding
     predicts_with_net = False
     settings = SETTINGS
 
@@ -179,23 +178,15 @@ class PODNetPlus(ContinualMethod):
             rows = (old[:, None] * self.opts.proxies + torch.arange(self.opts.proxies, device=old.device)).flatten()
             self.lsc.weight.grad.index_fill_(0, rows, 0.0)
 
-    def _features(self, images: torch.Tensor) -> torch.Tensor:
-        bs = self.ctx.eval_batch_size
-        with torch.no_grad():
-            return torch.cat([self.net.features(self.ctx.preprocess(images[i:i + bs]))
-                              for i in range(0, images.shape[0], bs)])
-
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
         was_training = self.net.training
         self.net.eval()
         self.lsc.eval()
-        feats = self._features(images)
-        new = self.ctx.task_classes[task]
-        mine = torch.isin(labels, new)
-        class_herding_memory(self.buffer, images[mine], labels[mine], feats[mine], new,
-                             self.ctx.seen_classes(task).numel(), task)
+        # Herding picks each new class's samples by their features; stage 2 reads the same features
+        # of the task's data and the memory.
+        end = self.update_memory(task, images, labels)
         with torch.no_grad():
-            sims = self.lsc(feats)
+            sims = self.lsc(end.features)
         self.scales = weight_scaling(sims, labels, self.ctx.seen_classes(task), self.scales, self.opts.nca_scale,
                                      self.opts.lws_epochs, self.opts.lr / self.opts.lws_lr_factor,
                                      self.ctx.replay_batch_size, self.ctx.generator)
