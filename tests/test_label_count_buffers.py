@@ -1,16 +1,26 @@
-"""PRS and CBRS: the buffers that balance classes from the stream's label counts."""
+"""PRS and CBRS: the memory policies that balance classes from the stream's label counts."""
 
 import random
 
 import pytest
+import torch
 
+from pbr.buffer import Buffer
+from pbr.memory.cbrs import ClassBalancingReservoir
+from pbr.memory.prs import PartitioningReservoir
 from test_methods import _run_tasks, _setup
+
+POLICIES = {"prs": PartitioningReservoir, "cbrs": ClassBalancingReservoir}
+
+
+def _policy(name, capacity, **opts):
+    return POLICIES[name](Buffer(capacity, (3, 1, 1), n_classes=4), torch.Generator(), **opts)
 
 COUNTS = {0: 400, 1: 100, 2: 10, 3: 3}  # a long-tailed stream of known counts
 
 
 def _stream(name, seed, ordered=False, **opts):
-    method, _ = _setup(name, n_classes=4, n_tasks=2, buffer_size=40, **opts)
+    policy = _policy(name, 40, **opts)
     rng = random.Random(seed)
     head = [c for c in (0, 1) for _ in range(COUNTS[c])]
     tail = [c for c in (2, 3) for _ in range(COUNTS[c])]
@@ -22,8 +32,8 @@ def _stream(name, seed, ordered=False, **opts):
         stream = head + tail
         rng.shuffle(stream)
     for label in stream:
-        method.place(label, [rng.random() for _ in range(method.uniforms)])
-    return method, [method.slots.count(c) for c in range(4)]
+        policy.place(label, [rng.random() for _ in range(policy.uniforms)])
+    return policy, [policy.slots.count(c) for c in range(4)]
 
 
 @pytest.mark.parametrize("name,opts", [("cbrs", {}), ("prs", {"rho": 0.0})])
@@ -44,35 +54,37 @@ def test_prs_with_rho_one_partitions_as_the_stream():
 
 
 def test_cbrs_full_class_replaces_its_own_with_probability_stored_over_seen():
-    method, _ = _setup("cbrs", n_classes=4, n_tasks=2, buffer_size=4)
+    policy = _policy("cbrs", 4)
     for _ in range(4):
-        method.place(0, [0.0, 0.0, 0.0])
-    assert method.full == {0}  # the largest class of the full memory
-    method.seen[0] = 7  # the next class-0 sample is the 8th: kept with probability 4 / 8
-    assert method.place(0, [0.49, 0.9, 0.0]) == 3  # the slot at u = 0.9 of its 4
-    assert method.place(0, [0.51, 0.0, 0.0]) == 4  # 4 / 9 < 0.51: dropped (slot = capacity)
+        policy.place(0, [0.0, 0.0, 0.0])
+    assert policy.full == {0}  # the largest class of the full memory
+    policy.class_seen[0] = 7  # the next class-0 sample is the 8th: kept with probability 4 / 8
+    assert policy.place(0, [0.49, 0.9, 0.0]) == 3  # the slot at u = 0.9 of its 4
+    assert policy.place(0, [0.51, 0.0, 0.0]) == 4  # 4 / 9 < 0.51: dropped (slot = capacity)
     # A class that is not full takes a slot of the largest class, whatever the draw.
-    assert method.place(1, [0.99, 0.0, 0.0]) == 0 and method.slots == [1, 0, 0, 0]
+    assert policy.place(1, [0.99, 0.0, 0.0]) == 0 and policy.slots == [1, 0, 0, 0]
 
 
 def test_prs_accepts_with_probability_target_over_seen():
-    method, _ = _setup("prs", n_classes=4, n_tasks=2, buffer_size=4, rho=0.0)
+    policy = _policy("prs", 4, rho=0.0)
     for label in (0, 0, 1, 1):
-        method.place(label, [0.0, 0.0, 0.0])
-    method.seen[0] = 10  # target 4 / 2 classes = 2 slots: accepted with probability 2 / 10
-    assert method.place(0, [0.21, 0.0, 0.0]) == 4
-    slot = method.place(0, [0.18, 0.0, 0.0])  # now 2 / 11 = 0.182
-    assert slot < 4 and method.slots[slot] == 0
+        policy.place(label, [0.0, 0.0, 0.0])
+    policy.class_seen[0] = 10  # target 4 / 2 classes = 2 slots: accepted with probability 2 / 10
+    assert policy.place(0, [0.21, 0.0, 0.0]) == 4
+    slot = policy.place(0, [0.18, 0.0, 0.0])  # now 2 / 11 = 0.182
+    assert slot < 4 and policy.slots[slot] == 0
 
 
 @pytest.mark.parametrize("name", ["prs", "cbrs"])
 def test_training_keeps_the_host_labels_and_the_buffer_in_step(name):
     method, ctx = _setup(name, buffer_size=8)
     _run_tasks(method, ctx)
-    assert method.slots == method.buffer.labels[: len(method.buffer)].tolist()
-    assert sum(method.seen) == method.policy.seen == 48  # each sample offered once (one epoch)
+    policy = method.policy
+    assert isinstance(policy, POLICIES[name])
+    assert policy.slots == method.buffer.labels[: len(method.buffer)].tolist()
+    assert sum(policy.class_seen) == policy.seen == 48  # each sample offered once (one epoch)
     state = method.state_dict()
     again, _ = _setup(name, buffer_size=8)
     again.load_state_dict(state)
-    assert again.slots == method.slots and again.seen == method.seen
-    assert getattr(again, "full", None) == getattr(method, "full", None)
+    assert again.policy.slots == policy.slots and again.policy.class_seen == policy.class_seen
+    assert getattr(again.policy, "full", None) == getattr(policy, "full", None)

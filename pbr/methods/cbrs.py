@@ -1,58 +1,13 @@
-"""CBRS: class-balancing reservoir sampling (Chrysakis and Moens 2020), with ER's replay step.
-
-Until the memory is full every sample is stored. Then a class is "full" once it has been the
-largest class in the full memory (and stays so). A sample of a class that is not full replaces a
-random stored sample of a largest class (ties broken at random); a sample of a full class c
-replaces a random stored sample of its own class with probability m_c / n_c (m_c stored, n_c seen
-so far, this one included), else it is dropped. So each full class keeps a uniform sample of its
-stream, and the small classes take slots from the large ones.
-"""
+"""CBRS: class-balancing reservoir sampling (Chrysakis and Moens 2020), with ER's replay step; the
+policy is pbr/memory/cbrs.py."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from pbr.methods.label_counts import LabelCountReplay, pick
+from pbr.memory.cbrs import ClassBalancingReservoir
+from pbr.methods.label_counts import LabelCountReplay
 
 
 class CBRS(LabelCountReplay):
     name = "cbrs"
     label = "CBRS (label counts)"
-
-    def __init__(self, net, ctx, opts) -> None:
-        super().__init__(net, ctx, opts)
-        self.full: set[int] = set()
-
-    def place(self, label: int, u: list[float]) -> int:
-        cap, slots = self.opts.buffer_size, self.slots
-        self.seen[label] += 1
-        if len(slots) < cap:
-            slots.append(label)
-            slot = len(slots) - 1
-        else:
-            stored = [0] * len(self.seen)
-            for c in slots:
-                stored[c] += 1
-            if label not in self.full:
-                most = max(stored)
-                victim = pick([c for c, m in enumerate(stored) if m == most], u[0])
-            elif u[0] < stored[label] / self.seen[label]:
-                victim = label
-            else:
-                return cap
-            slot = pick([i for i, c in enumerate(slots) if c == victim], u[1])
-            slots[slot] = label
-        if len(slots) == cap:
-            stored = [0] * len(self.seen)
-            for c in slots:
-                stored[c] += 1
-            most = max(stored)
-            self.full |= {c for c, m in enumerate(stored) if m == most}
-        return slot
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "full": sorted(self.full)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.full = set(state["full"])
+    memory = ClassBalancingReservoir

@@ -1,21 +1,11 @@
-"""PRS: partitioning reservoir sampling (Kim, Jeong and Kim 2020), single-label, with ER's replay step.
-
-Each class in the memory has a target share p_c = n_c^rho / sum_j n_j^rho of its slots (n_c: the
-stream samples of class c seen so far; the sum over the classes in the memory; rho = 0 gives equal
-shares, as the authors' single-label configs use). Once the memory is full, a sample of class c
-comes in with probability min(1, capacity * p_c / n_c); it then evicts a sample of a class drawn
-with probability softmax(l_j - p_j * capacity), l_j the slots class j holds, so the class furthest
-above its share most likely gives one up (a random one of its samples; with single labels every
-choice leaves the same partition). Counts are updated after each sample's decision, as the
-authors' code does.
-"""
+"""PRS: partitioning reservoir sampling (Kim, Jeong and Kim 2020), single-label, with ER's replay
+step; the policy is pbr/memory/prs.py."""
 
 from __future__ import annotations
 
-import math
-
+from pbr.memory.prs import PartitioningReservoir
 from pbr.methods.base import Setting, non_negative
-from pbr.methods.label_counts import LabelCountReplay, pick
+from pbr.methods.label_counts import LabelCountReplay
 
 RHO = Setting("rho", float, 0.0, "PRS's power of allocation: class shares proportional to n_c^rho "
               "(0: equal shares, 1: as the stream)", non_negative, "a number >= 0")
@@ -24,34 +14,8 @@ RHO = Setting("rho", float, 0.0, "PRS's power of allocation: class shares propor
 class PRS(LabelCountReplay):
     name = "prs"
     label = "PRS (label counts)"
+    memory = PartitioningReservoir
     settings = (*LabelCountReplay.settings, RHO)
 
-    def place(self, label: int, u: list[float]) -> int:
-        cap, slots, seen = self.opts.buffer_size, self.slots, self.seen
-        slot = cap
-        if len(slots) < cap:
-            slots.append(label)
-            slot = len(slots) - 1
-        else:
-            stored = [0] * len(seen)
-            for c in slots:
-                stored[c] += 1
-            in_memory = [c for c, m in enumerate(stored) if m > 0]
-            total = sum(seen[c] ** self.opts.rho for c in in_memory)
-            share = {c: seen[c] ** self.opts.rho / total for c in in_memory}
-            target = cap * share.get(label, 0.0)
-            accept = target / seen[label] if seen[label] > target else 1.0
-            if u[0] < accept:
-                deltas = [stored[c] - share[c] * cap for c in in_memory]
-                top = max(deltas)
-                weights = [math.exp(d - top) for d in deltas]
-                r, acc, victim = u[1] * sum(weights), 0.0, in_memory[-1]
-                for c, w in zip(in_memory, weights):
-                    acc += w
-                    if r < acc:
-                        victim = c
-                        break
-                slot = pick([i for i, c in enumerate(slots) if c == victim], u[2])
-                slots[slot] = label
-        seen[label] += 1
-        return slot
+    def make_policy(self, buffer):
+        return self.memory(buffer, self.ctx.generator, self, rho=self.opts.rho)
