@@ -110,7 +110,7 @@ def test_agem_r_fills_its_reservoir_online_and_agem_at_task_end():
 
 
 def test_gss_score_is_one_plus_the_largest_cosine():
-    from pbr.methods.gss import scores
+    from pbr.memory.gss import scores
 
     new = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
     stored = torch.tensor([[-1.0, 0.0], [-1.0, -1.0]])
@@ -118,31 +118,38 @@ def test_gss_score_is_one_plus_the_largest_cosine():
     assert torch.allclose(scores(new, stored), torch.tensor([1 - 0.5 ** 0.5, 1.0]), atol=1e-6)
 
 
+def _gss(capacity, **opts):
+    from pbr.buffer import Buffer
+    from pbr.memory.gss import GradientDiversity
+
+    return GradientDiversity(Buffer(capacity, (3, 1, 1), n_classes=2), torch.Generator(), **opts)
+
+
 def test_gss_replacement_lottery_on_hand_made_scores():
-    method, _ = _setup("gss", buffer_size=2)
+    policy = _gss(2)
     held = [1.5, 0.5]
-    assert method.place(held, 1.2, [0.0, 0.0]) == 2  # c >= 1: not stored
+    assert policy.place(held, 1.2, [0.0, 0.0]) == 2  # c >= 1: not stored
     # r = 0.5 * 2.0 = 1.0 falls in slot 0's mass (1.5); kept as 0.4 < 1.5 / (1.5 + 0.2).
-    assert method.place(held, 0.2, [0.5, 0.4]) == 0 and held == [0.2, 0.5]
+    assert policy.place(held, 0.2, [0.5, 0.4]) == 0 and held == [0.2, 0.5]
     # r = 0.9 * 0.7 = 0.63 falls in slot 1's; 0.5 / (0.5 + 0.2) = 0.714 < 0.8: not stored.
-    assert method.place(held, 0.2, [0.9, 0.8]) == 2 and held == [0.2, 0.5]
+    assert policy.place(held, 0.2, [0.9, 0.8]) == 2 and held == [0.2, 0.5]
 
 
 def test_gss_mammoth_rule_gates_on_the_batch_score_on_hand_made_scores():
     """Mammoth's rule: a batch scoring >= 1 stores nothing, even a sample of its own score 0.2; a
     batch scoring < 1 lets a sample of score 1.5 into the lottery (the paper's rule never would)."""
-    method, _ = _setup("gss", buffer_size=2, gss_rule="mammoth")
+    policy = _gss(2, rule="mammoth")
     held = [0.5, 0.5]
-    assert method.place(held, 0.2, [0.0, 0.0], batch_c=1.2) == 2 and held == [0.5, 0.5]
+    assert policy.place(held, 0.2, [0.0, 0.0], batch_c=1.2) == 2 and held == [0.5, 0.5]
     # r = 0.1 * 1.0 falls in slot 0's mass; kept as 0.1 < 0.5 / (0.5 + 1.5) = 0.25.
-    assert method.place(held, 1.5, [0.1, 0.1], batch_c=0.8) == 0 and held == [1.5, 0.5]
-    assert method.place([0.5, 0.5], 1.5, [0.1, 0.1]) == 2  # the paper's rule: c >= 1 never stored
+    assert policy.place(held, 1.5, [0.1, 0.1], batch_c=0.8) == 0 and held == [1.5, 0.5]
+    assert policy.place([0.5, 0.5], 1.5, [0.1, 0.1]) == 2  # the paper's rule: c >= 1 never stored
     filling = [0.5]
-    assert method.place(filling, 0.2, [0.0, 0.0], batch_c=0.7) == 1 and filling == [0.5, 0.7]  # the batch's score
+    assert policy.place(filling, 0.2, [0.0, 0.0], batch_c=0.7) == 1 and filling == [0.5, 0.7]  # the batch's score
 
 
 def test_gss_scores_stored_while_filling_are_the_batch_score_under_mammoths_rule():
-    from pbr.methods.gss import per_sample_grads, scores
+    from pbr.memory.gss import per_sample_grads, scores
 
     kept = {}
     for rule in ("paper", "mammoth"):
@@ -150,8 +157,8 @@ def test_gss_scores_stored_while_filling_are_the_batch_score_under_mammoths_rule
         images, labels = _task(0, n=8)
         method.begin_task(0, images, labels)
         method.begin_epoch(0)
-        method.add(images[:4], labels[:4])
-        method.add(images[4:], labels[4:])  # compared with all 4 stored (the subset holds them all)
+        method.policy.offer(images[:4], labels[:4], torch.zeros(4, dtype=torch.int64))
+        method.policy.offer(images[4:], labels[4:], torch.zeros(4, dtype=torch.int64))  # compared with all 4 stored (the subset holds them all)
         kept[rule] = method.buffer.scores[4:8]
         new = per_sample_grads(method.net, ctx.preprocess(images[4:]), labels[4:])
         old = per_sample_grads(method.net, ctx.preprocess(images[:4]), labels[:4])
@@ -162,7 +169,7 @@ def test_gss_scores_stored_while_filling_are_the_batch_score_under_mammoths_rule
 
 
 def test_gss_per_sample_gradients_match_one_backward_per_sample():
-    from pbr.methods.gss import per_sample_grads
+    from pbr.memory.gss import per_sample_grads
 
     method, ctx = _setup("gss")
     net = method.net
@@ -182,8 +189,8 @@ def test_gss_rejects_copies_of_what_it_holds_once_full():
     images, labels = _task(0, n=4)
     method.begin_task(0, images, labels)
     method.begin_epoch(0)
-    method.add(images, labels)  # fills the memory
+    method.policy.offer(images, labels, torch.zeros(4, dtype=torch.int64))  # fills the memory
     assert len(method.buffer) == 4 and method.buffer.scores[:4].tolist() == pytest.approx([0.1] * 4)
     before = method.buffer.images.clone()
-    method.add(images, labels)
+    method.policy.offer(images, labels, torch.zeros(4, dtype=torch.int64))
     assert torch.equal(method.buffer.images, before) and method.policy.seen == 8
