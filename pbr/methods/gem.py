@@ -111,7 +111,9 @@ class GEM(ContinualMethod):
             self.memory_grads = torch.stack(rows)
         out = self.net(x)
         self.count(out, y)
-        return self.step(self.ce(out, y))
+        loss = self.step(self.ce(out, y))
+        self.offer(raw, y)  # kept by an online memory only (GEM's fills at the task's end)
+        return loss
 
     def after_backward(self) -> None:
         if self.memory_grads is None:

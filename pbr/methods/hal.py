@@ -139,6 +139,7 @@ class HAL(ContinualMethod):
         self.buffer.size = self.ring_start + min(self.ring_seen, per)
 
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
+        super().end_task(task, images, labels)  # a memory that chooses at a task's end does it first
         was_training = self.net.training
         spare = copy.deepcopy(self.net)
         opt = torch.optim.SGD(spare.parameters(), lr=self.opts.lr)

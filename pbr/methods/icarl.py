@@ -57,8 +57,9 @@ class ICaRL(ContinualMethod):
             old = torch.cat(self.ctx.task_classes[: self.task])
             with torch.no_grad():
                 target[:, old] = torch.sigmoid(self.teacher(x).index_select(1, old)).to(out.dtype)
-        loss = F.binary_cross_entropy_with_logits(out.index_select(1, seen), target.index_select(1, seen))
-        return self.step(loss)
+        loss = self.step(F.binary_cross_entropy_with_logits(out.index_select(1, seen), target.index_select(1, seen)))
+        self.offer(raw, y)  # kept by an online memory only (herding chooses at the task's end)
+        return loss
 
     @torch.no_grad()
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:

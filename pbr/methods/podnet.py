@@ -170,7 +170,9 @@ class PODNetPlus(ContinualMethod):
             factor = math.sqrt(seen.numel() / self.ctx.task_classes[self.task].numel())
             loss = loss + factor * (self.opts.pod_spatial * pod_spatial(maps, old_maps)
                                     + self.opts.pod_flat * (1 - F.cosine_similarity(h, old_h, dim=1)).mean())
-        return self.step(loss)
+        loss = self.step(loss)
+        self.offer(raw, y)  # kept by an online memory only (herding chooses at the task's end)
+        return loss
 
     def after_backward(self) -> None:
         if self.task > 0 and self.lsc.weight.grad is not None:  # old classes' proxies stay
