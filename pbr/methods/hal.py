@@ -1,6 +1,7 @@
 """HAL: hindsight anchor learning (Chaudhry et al. 2021), as Mammoth's `hal`.
 
-The memory is a ring per task: each task keeps its latest capacity // tasks stream samples. Each
+The memory is a ring per task (pbr/memory/ring.py): each task keeps its latest capacity // tasks
+stream samples. Each
 step first takes ER's step to a temporary theta~ (CE on the current and a memory batch), then goes
 back to theta and steps on CE + hal_lambda * mean ||f_theta(e) - f_theta~(e)||^2 over the anchors
 e, so the update keeps the anchors' outputs where the plain step would leave them. phi, a running
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from pbr.errors import UserError
-from pbr.memory import Memory
+from pbr.memory.ring import TaskRing
 from pbr.methods.base import MAMMOTH, Auto, Best, ContinualMethod, Setting, non_negative
 
 ANCHOR_STEPS = 100  # Mammoth's steps_on_anchors
@@ -69,7 +70,7 @@ def learn_anchor(theta: torch.nn.Module, spare: torch.nn.Module, c: int, phi: to
 class HAL(ContinualMethod):
     name = "hal"
     label = "HAL"
-    memory = Memory  # its policy still in this file (being moved to pbr/memory/)
+    memory = TaskRing
     settings = SETTINGS
     defaults = {**ContinualMethod.defaults, "hal_lambda": 0.1, "hal_beta": 0.5, "hal_gamma": 0.1}
     defaults_source = "Mammoth's hal defaults (lambda 0.1, beta 0.5, gamma 0.1); the paper's common protocol otherwise"
@@ -86,14 +87,6 @@ class HAL(ContinualMethod):
                             f"one slot per task ({len(ctx.task_classes)})")
         self.anchors: torch.Tensor | None = None  # [classes so far, C, H, W], normalised input space
         self.phi: torch.Tensor | None = None
-        self.ring_start = 0  # the first slot of the current task's ring
-        self.ring_seen = 0  # stream samples of the current task offered to its ring
-        self.task_of_ring = -1
-
-    def begin_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
-        super().begin_task(task, images, labels)
-        if task != self.task_of_ring:
-            self.ring_start, self.ring_seen, self.task_of_ring = len(self.buffer), 0, task
 
     def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
         inputs, labels = x, y
@@ -126,17 +119,8 @@ class HAL(ContinualMethod):
             mean = self.net.features(x).mean(0).float()
             phi = torch.zeros_like(mean) if self.phi is None else self.phi  # zeros at each task's start
             self.phi = self.opts.hal_beta * phi + (1 - self.opts.hal_beta) * mean
-        self.ring_add(raw, y)
+        self.offer(raw, y)
         return loss
-
-    def ring_add(self, raw: torch.Tensor, y: torch.Tensor) -> None:
-        per = self.opts.buffer_size // len(self.ctx.task_classes)
-        b = y.shape[0]
-        k = torch.arange(self.ring_seen, self.ring_seen + b, device=self.buffer.device)
-        self.buffer.write(self.ring_start + k % per, raw, y, torch.full_like(y, self.task))
-        self.ring_seen += b
-        self.policy.seen += b
-        self.buffer.size = self.ring_start + min(self.ring_seen, per)
 
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
         super().end_task(task, images, labels)  # a memory that chooses at a task's end does it first
@@ -157,10 +141,8 @@ class HAL(ContinualMethod):
         self.phi = None  # the next task's mean feature starts again from zeros (Mammoth)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "anchors": self.anchors, "phi": self.phi,
-                "ring": [self.ring_start, self.ring_seen, self.task_of_ring]}
+        return {**super().state_dict(), "anchors": self.anchors, "phi": self.phi}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.anchors, self.phi = state["anchors"], state["phi"]
-        self.ring_start, self.ring_seen, self.task_of_ring = state["ring"]
