@@ -17,7 +17,7 @@ DVC_LOCK = Path("dvc.lock")
 # config's own code is not in).
 TRAIN_CODE = ("pbr/methods", "pbr/models", "pbr/buffer.py", "pbr/selection.py", "pbr/rng.py", "pbr/loop.py",
               "pbr/uncertainty.py", "pbr/data/augment.py", "pbr/data/shards.py", "stages/train.py",
-              "stages/trained.py", "stages/hardware.py")
+              "stages/trained.py", "stages/run_settings.py", "stages/hardware.py")
 
 
 def anchor(cwd: Path | None = None) -> Path:

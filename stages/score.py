@@ -145,7 +145,7 @@ def _setup(cfg) -> tuple[_Scoring, Path]:
     from pbr.data.augment import MEAN_STD, normalize
     from pbr.data.shards import load_manifest
     from pbr.errors import UserError
-    from pbr.methods import METHODS
+    from stages.run_settings import RunSettings
     from stages.train import resolve_device
     from stages.trained import load_method
 
@@ -160,9 +160,9 @@ def _setup(cfg) -> tuple[_Scoring, Path]:
     final, saved = load_method(last, manifest, device, gen)
     dropout = cfg.score.dropout if cfg.score.dropout != "auto" else (saved["dropout"] or 0.1)
     # auto: the method says, from the trained run's own settings (not today's params.yaml)
-    cls = METHODS[saved["method"]]
-    tau = cfg.score.temperature if cfg.score.temperature != "auto" else cls.score_temperature(saved["settings"])
-    samples = cfg.score.mc_samples if cfg.score.mc_samples != "auto" else cls.score_samples(saved["settings"])
+    run = RunSettings.saved(saved["settings"])
+    tau = cfg.score.temperature if cfg.score.temperature != "auto" else run.score_temperature()
+    samples = cfg.score.mc_samples if cfg.score.mc_samples != "auto" else run.score_samples()
     return _Scoring(manifest, device, gen, final, samples, tau, cfg.train.eval_batch_size, dropout,
                     lambda x: normalize(x, mean, std)), last
 

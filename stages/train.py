@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 from pbr.errors import UserError
-from stages import artifacts, faults, hardware, paths, resume, threads
-from stages.config import Config, method_values
+from stages import artifacts, faults, paths, resume, threads
+from stages.config import Config
+from stages.run_settings import RunSettings
 from stages.trained import build_method
 
 STATE = "state.pt"
@@ -34,32 +35,10 @@ def resolve_device(name: str):
     return torch.device(name)
 
 
-def settings(cfg: Config, device=None) -> tuple[dict, dict]:
-    """The run's effective settings with every "auto" resolved (the method's keys: those it
-    declares; precision and memory layout: from `device`, by default train.device's), and where
-    each value came from (params.yaml, a published best, a default, the device)."""
-    from pbr.methods import METHODS
-
-    cls = METHODS[cfg.method.name]
-    m, t, mo = cfg.method, cfg.train, cfg.model
-    opts, sources = cls.options(cfg.data.dataset, m.buffer_size, lr=t.lr, **method_values(m))
-    head, sources["head"] = cls.resolve("head", mo.head, cfg.data.dataset, m.buffer_size)
-    dropout, sources["dropout"] = cls.resolve("dropout", mo.dropout, cfg.data.dataset, m.buffer_size)
-    problem = cls.refuse({"head": head, "dropout": dropout, **vars(opts)})
-    if problem:
-        raise UserError(f"method.name = {m.name}: {problem}")
-    precision, channels_last, why = hardware.resolve(t.precision, t.channels_last, mo.width,
-                                                     device or resolve_device(t.device))
-    if why:
-        sources["hardware"] = why
-    return {
-        "method": m.name, **vars(opts), "head": head, "dropout": dropout,
-        "width": mo.width, "scale": mo.scale,
-        "epochs": [cfg.epochs_of(k) for k in range(cfg.data.n_tasks)],
-        "batch_size": t.batch_size, "replay_batch_size": t.replay_batch_size,
-        "eval_batch_size": t.eval_batch_size, "seed": cfg.seed, "precision": precision,
-        "channels_last": channels_last, "compile": t.compile,
-    }, sources
+def settings(cfg: Config, device=None) -> RunSettings:
+    """The run's settings, every "auto" resolved (precision and memory layout from `device`, by
+    default train.device's), with where each value came from."""
+    return RunSettings.resolve(cfg, device or resolve_device(cfg.train.device))
 
 
 def code_hash(root: Path | None = None) -> str:
@@ -75,9 +54,9 @@ def code_hash(root: Path | None = None) -> str:
     return h.hexdigest()
 
 
-def fingerprint(s: dict, manifest: dict, device) -> str:
+def fingerprint(s: RunSettings, manifest: dict, device) -> str:
     data = {"shards": [x["sha256"] for x in manifest["shards"]], "order": manifest["class_order"]}
-    blob = json.dumps({"settings": s, "data": data, "device": device.type, "code": code_hash()}, sort_keys=True)
+    blob = json.dumps({"settings": s.values, "data": data, "device": device.type, "code": code_hash()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -114,7 +93,7 @@ def buffer_table(buffer):
     })
 
 
-def _save_task(out: Path, k: int, method, s: dict, rows: dict, epochs: list, manifest) -> None:
+def _save_task(out: Path, k: int, method, s: RunSettings, rows: dict, epochs: list, manifest) -> None:
     import pyarrow.parquet as pq
     import torch
 
@@ -125,7 +104,7 @@ def _save_task(out: Path, k: int, method, s: dict, rows: dict, epochs: list, man
         torch.save({**method.model_state(), "task": k, "n_classes": manifest["n_classes"],
                     "classes_seen": sorted(c for t in manifest["task_classes"][: k + 1] for c in t),
                     **{key: s[key] for key in ("width", "head", "scale", "dropout", "method")},
-                    "settings": s}, tmp / "model.pt")
+                    "settings": s.values}, tmp / "model.pt")
         if method.buffer is not None:
             pq.write_table(buffer_table(method.buffer), tmp / "buffer.parquet")
         (tmp / "accuracy.json").write_text(json.dumps(
@@ -197,7 +176,7 @@ class _TaskRecorder:
         faults.point(f"train:after_task{k}")
 
 
-def _refuse(cfg: Config, manifest: dict, s: dict, device) -> None:
+def _refuse(cfg: Config, manifest: dict, s: RunSettings, device) -> None:
     """Settings that cannot train on this prepared data or device: one line, before anything is written."""
     if manifest["n_tasks"] != cfg.data.n_tasks:
         raise UserError(f"{paths.PREPARED} holds {manifest['n_tasks']} tasks but data.n_tasks = {cfg.data.n_tasks}; "
@@ -228,18 +207,16 @@ def _keep_or_start_over(out: Path, fp: str, n_tasks: int, log) -> None:
         shutil.rmtree(out)
 
 
-def _record_run(out: Path, fp: str, s: dict, sources: dict, device, n_threads: int, n_tasks: int, tracker) -> None:
+def _record_run(out: Path, fp: str, s: RunSettings, device, n_threads: int, n_tasks: int, tracker) -> None:
     """run.json and the MLflow tags: the resolved settings, where each came from, the machine."""
     if tracker is not None:
         from pbr.data.shards import manifest_hash
 
         tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED), "pbr.device": str(device),
-                          "pbr.threads": n_threads,
-                          **{f"resolved.{k}": v for k, v in s.items()},
-                          **{f"source.{k}": v for k, v in sources.items() if v != "params"}})
+                          "pbr.threads": n_threads, **s.tags()})
     # threads are recorded, not fingerprinted: a run resumed with other threads goes on (results may
     # differ in the last digits, as any change of thread count does on a CPU).
-    artifacts.write_text(out / "run.json", json.dumps({"fingerprint": fp, "settings": s, "sources": sources,
+    artifacts.write_text(out / "run.json", json.dumps({"fingerprint": fp, "settings": s.values, "sources": s.sources,
                                                        "device": str(device), "threads": n_threads,
                                                        "n_tasks": n_tasks}, indent=1))
     resume.keep(out, "run.json", fp)
@@ -272,14 +249,14 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     n_tasks = manifest["n_tasks"]
     device = resolve_device(cfg.train.device)
     n_threads = threads.configure(cfg.train.threads)
-    s, sources = settings(cfg, device)
+    s = settings(cfg, device)
     out = paths.TRAIN
     _refuse(cfg, manifest, s, device)
-    if "hardware" in sources:
-        log(f"train.precision / train.channels_last auto on {device}: {sources['hardware']}")
+    if "hardware" in s.sources:
+        log(f"train.precision / train.channels_last auto on {device}: {s.sources['hardware']}")
     fp = fingerprint(s, manifest, device)
     _keep_or_start_over(out, fp, n_tasks, log)
-    _record_run(out, fp, s, sources, device, n_threads, n_tasks, tracker)
+    _record_run(out, fp, s, device, n_threads, n_tasks, tracker)
 
     torch.manual_seed(cfg.seed)
     init_gen = torch.Generator().manual_seed(cfg.seed)  # same initial weights on every device
@@ -307,7 +284,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
             recorder.progress.close()
 
     # The accuracy matrices; their metrics (ACC, BWT, forgetting) are the evaluate stage's.
-    summary = {"class_il": {"matrix": rows["class_il"]}, "task_il": {"matrix": rows["task_il"]}, "settings": s}
+    summary = {"class_il": {"matrix": rows["class_il"]}, "task_il": {"matrix": rows["task_il"]}, "settings": s.values}
     artifacts.write_text(out / "accuracy.json", json.dumps(summary, indent=1))
     resume.forget(fp)
     if tracker is not None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def build_method(s: dict, manifest: dict, device, generator, init_generator=None):
-    """The method of settings `s` on a fresh network, for the prepared data of `manifest`."""
+def build_method(s, manifest: dict, device, generator, init_generator=None):
+    """The method of the run settings `s` (a RunSettings) on a fresh network, for the prepared data of
+    `manifest`."""
     import torch
 
     from pbr.data.augment import MEAN_STD, Augment, normalize
-    from pbr.methods import METHODS, Context
+    from pbr.methods import Context
     from pbr.models import Net
 
     mean, std = MEAN_STD[manifest["dataset"]]
@@ -29,20 +30,17 @@ def build_method(s: dict, manifest: dict, device, generator, init_generator=None
                   autocast_dtype=torch.bfloat16 if s["precision"] == "bf16" else None)
     net = Net(manifest["n_classes"], s["width"], s["head"], s["scale"], s["dropout"], generator=init_generator).to(
         device, memory_format=fmt)
-    cls = METHODS[s["method"]]
-    # A run saved before a setting existed gets that setting's default, which is what it ran with.
-    opts, _ = cls.options(manifest["dataset"], max(s["buffer_size"], 1), lr=s["lr"],
-                          **{k: s[k] for k in cls.setting_keys() if k in s})
-    opts.buffer_size = max(s["buffer_size"], 1)
-    return cls(net, ctx, opts)
+    return s.method(net, ctx, s.options(manifest["dataset"]))
 
 
 def load_method(path: Path, manifest: dict, device, generator):
     """The method as saved after a task (model.pt), ready to predict."""
     import torch
 
+    from stages.run_settings import RunSettings
+
     saved = torch.load(path, map_location=device, weights_only=False)
-    method = build_method(saved["settings"], manifest, device, generator)
+    method = build_method(RunSettings.saved(saved["settings"]), manifest, device, generator)
     method.load_model_state(saved)
     for net in method.networks():
         net.eval()

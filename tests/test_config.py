@@ -19,7 +19,8 @@ def test_project_params_are_the_papers_headline_configuration():
     assert (cfg.train.epochs, cfg.train.batch_size) == (50, 32)
     from stages.train import settings
 
-    s, sources = settings(cfg)
+    run = settings(cfg)
+    s, sources = run.values, run.sources
     # The paper's head, tau2 and s; tau1 = 1, lr 0.1 and the walk's readings are the measured
     # defaults (docs/method.md).
     assert (s["lr"], s["head"], s["tau1"], s["tau2"], s["scale"]) == (0.1, "cosine", 1.0, 2.0, 10.0)
@@ -141,8 +142,9 @@ def test_auto_values_come_from_the_published_table_of_the_runs_dataset_and_buffe
     from stages.train import settings
 
     def derpp(dataset, buffer):
-        s, sources = settings(from_dict({"data": {"dataset": dataset, "n_tasks": 5},
-                                         "method": {"name": "derpp", "buffer_size": buffer}}))
+        run = settings(from_dict({"data": {"dataset": dataset, "n_tasks": 5},
+                                  "method": {"name": "derpp", "buffer_size": buffer}}))
+        s, sources = run.values, run.sources
         return (s["lr"], s["alpha"], s["beta"]), sources["alpha"]
 
     assert derpp("cifar10", 200)[0] == (0.03, 0.1, 0.5)
@@ -151,9 +153,11 @@ def test_auto_values_come_from_the_published_table_of_the_runs_dataset_and_buffe
     assert "seq-tinyimg" in derpp("tinyimagenet", 200)[1]
     values, source = derpp("cifar100", 200)  # Mammoth lists seq-cifar100 at buffer 500 and 2000 only
     assert values == (0.03, 0.1, 0.5) and "no published value" in source
-    s, sources = settings(from_dict({"data": {"dataset": "tinyimagenet"}, "method": {"name": "er", "buffer_size": 500}}))
+    run = settings(from_dict({"data": {"dataset": "tinyimagenet"}, "method": {"name": "er", "buffer_size": 500}}))
+    s, sources = run.values, run.sources
     assert s["lr"] == 0.03 and "seq-tinyimg" in sources["lr"]  # ER's tuned 0.1 is Seq-CIFAR-10's
-    s, sources = settings(from_dict({"method": {"name": "er"}, "train": {"lr": 0.05}}))
+    run = settings(from_dict({"method": {"name": "er"}, "train": {"lr": 0.05}}))
+    s, sources = run.values, run.sources
     assert s["lr"] == 0.05 and sources["lr"] == "params"
 
 

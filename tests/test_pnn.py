@@ -57,5 +57,5 @@ def test_pnn_refuses_a_head_or_dropout_its_columns_do_not_have():
 
     with pytest.raises(UserError, match="method.name = pnn: its columns end in linear classifiers"):
         settings(from_dict({"method": {"name": "pnn"}, "model": {"head": "cosine"}}))
-    s, _ = settings(from_dict({"method": {"name": "pnn"}}))
+    s = settings(from_dict({"method": {"name": "pnn"}})).values
     assert (s["head"], s["dropout"]) == ("linear", 0.0)

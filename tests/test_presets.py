@@ -24,7 +24,8 @@ def _settings(method: dict, train: dict | None = None):
     from stages import train as stage
 
     cfg = from_dict({"method": {"name": "pbr", "pbr": method}, "train": {"device": "cpu", "precision": "fp32", **(train or {})}})
-    return stage.settings(cfg, torch.device("cpu"))
+    run = stage.settings(cfg, torch.device("cpu"))
+    return run.values, run.sources
 
 
 def test_the_tuned_preset_trains_what_the_spelled_out_defaults_trained():
