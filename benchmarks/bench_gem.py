@@ -17,7 +17,6 @@ from common import machine, rate, row
 from pbr.data.augment import Augment, normalize
 from pbr.methods import Context, create
 from pbr.models import Net
-from pbr.selection import reservoir_add
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)
 
@@ -52,7 +51,7 @@ def main() -> None:
             labels = task_classes[t][torch.arange(a.batch * a.steps, device=dev) % per]
             m.begin_task(t, raw, labels)
             if name == "er":
-                reservoir_add(m.buffer, raw, labels, torch.full_like(labels, t), generator=g)
+                m.policy.offer(raw, labels, torch.full_like(labels, t))  # ER's reservoir
             else:
                 m.end_task(t, raw, labels)
         labels = task_classes[old][torch.arange(a.batch * a.steps, device=dev) % per]

@@ -26,7 +26,7 @@ def child(a) -> None:
     from pbr.data.augment import Augment, normalize
     from pbr.methods import METHODS, Context, create
     from pbr.models import Net
-    from pbr.selection import reservoir_add
+    from pbr.memory.reservoir import Reservoir
 
     mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)
     torch.set_num_threads(1)
@@ -42,7 +42,8 @@ def child(a) -> None:
     m = create(a.method, net, ctx, buffer_size=200)
     m.begin_task(0, raw, labels)
     if cls.uses_buffer:
-        reservoir_add(m.buffer, raw[:200], labels[:200], torch.zeros_like(labels[:200]), generator=g)
+        fill = m.policy if isinstance(m.policy, Reservoir) else Reservoir(m.buffer, g)
+        fill.offer(raw[:200], labels[:200], torch.zeros_like(labels[:200]))
     m.end_task(0, raw[:256], labels[:256])
     m.begin_task(1, raw, labels + 2)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

@@ -113,7 +113,7 @@ def laned_step(a, dev, n_lanes, dtype="fp32", cl=False, compiled=False, data="")
     from pbr import lanes as lanes_mod
     from pbr.buffer import Buffer
     from pbr.data.augment import Augment
-    from pbr.selection import reservoir_add
+    from pbr.memory.reservoir import Reservoir
 
     lanes = lanes_mod.Lanes(_nets(a, n_lanes, dev), compute_dtype=torch.bfloat16 if dtype == "bf16" else None,
                             channels_last=cl)
@@ -130,12 +130,13 @@ def laned_step(a, dev, n_lanes, dtype="fp32", cl=False, compiled=False, data="")
     raw = torch.randint(0, 256, (n_lanes, 8, a.batch, 3, 32, 32), dtype=torch.uint8, device=dev)
     labels = torch.randint(0, 10, (n_lanes, 8, a.batch), device=dev)
     task = torch.zeros(a.batch, dtype=torch.int64, device=dev)
-    bufs = []
+    mems, bufs = [], []
     for k in range(n_lanes):
-        buf = Buffer(200, (3, 32, 32), 10, dev)
+        mem = Reservoir(Buffer(200, (3, 32, 32), 10, dev), gens[k])
         for j in range(8):
-            reservoir_add(buf, raw[k, j], labels[k, j], task, generator=gens[k])
-        bufs.append(buf)
+            mem.offer(raw[k, j], labels[k, j], task)
+        mems.append(mem)
+        bufs.append(mem.buffer)
 
     def step(i):
         x, y = [], []
@@ -144,7 +145,7 @@ def laned_step(a, dev, n_lanes, dtype="fp32", cl=False, compiled=False, data="")
             bimg, blab, _, _ = bufs[k].get(bufs[k].sample(a.batch, gens[k]))
             x.append(torch.cat([aug(r, gens[k]), aug(bimg, gens[k])]))
             y.append(torch.cat([lab, blab]))
-            reservoir_add(bufs[k], r, lab, task, generator=gens[k])
+            mems[k].offer(r, lab, task)
         lanes_mod.step(lanes, opt, torch.stack(x), torch.stack(y))
 
     def batched_step(i):
@@ -152,7 +153,7 @@ def laned_step(a, dev, n_lanes, dtype="fp32", cl=False, compiled=False, data="")
         replay = [bufs[k].get(bufs[k].sample(a.batch, gens[k])) for k in range(n_lanes)]
         old = lanes_mod.augment(torch.stack([b[0] for b in replay]), gens, MEAN, STD)
         for k in range(n_lanes):
-            reservoir_add(bufs[k], raw[k, i % 8], labels[k, i % 8], task, generator=gens[k])
+            mems[k].offer(raw[k, i % 8], labels[k, i % 8], task)
         y = torch.cat([labels[:, i % 8], torch.stack([b[1] for b in replay])], 1)
         lanes_mod.step(lanes, opt, torch.cat([cur, old], 1), y)
     return batched_step if data == "batched" else step

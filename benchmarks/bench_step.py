@@ -18,7 +18,7 @@ from common import machine, rate, row
 from pbr.data.augment import Augment, normalize
 from pbr.methods import METHODS, Context, create
 from pbr.models import Net
-from pbr.selection import reservoir_add
+from pbr.memory.reservoir import Reservoir
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)
 
@@ -86,7 +86,8 @@ def run_variant(a, variant: str, first: float | None) -> float:
         # Put the method in its steady state: a filled buffer (and pbr's teacher) from a first task.
         m.begin_task(0, raw, labels)
         if cls.uses_buffer:
-            reservoir_add(m.buffer, raw[:200], labels[:200], torch.zeros_like(labels[:200]), generator=g)
+            fill = m.policy if isinstance(m.policy, Reservoir) else Reservoir(m.buffer, g)
+            fill.offer(raw[:200], labels[:200], torch.zeros_like(labels[:200]))
         if name == "pbr":
             m.end_task(0, raw[:256], labels[:256])
         m.begin_task(1, raw, labels + 2)

@@ -31,7 +31,7 @@ def sample_in_probability(n_steps: int, class_counts: torch.Tensor, capacity: in
 
 def walk_order(scores: torch.Tensor, order: str, generator: torch.Generator, power: float = 1.0,
                labels: torch.Tensor | None = None, rank: str = "task") -> torch.Tensor:
-    """The indices of `scores` in walk order (see uncertainty_walk).
+    """The indices of `scores` in walk order (pbr/memory/walk.py: UncertaintyWalk.walk).
 
     `power` sharpens (> 1) or flattens (< 1) the weights of the weighted orders. `rank` "class"
     interleaves the classes: the order is taken over the task, then each class's k-th sample comes
