@@ -15,7 +15,7 @@ DVC_LOCK = Path("dvc.lock")
 # The code that shapes the trained weights: the train stage's DVC deps (besides the prepared data)
 # and what its resume fingerprint hashes (the resolved settings are hashed as values, so the
 # config's own code is not in).
-TRAIN_CODE = ("pbr/methods", "pbr/models", "pbr/buffer.py", "pbr/selection.py", "pbr/rng.py", "pbr/loop.py",
+TRAIN_CODE = ("pbr/methods", "pbr/memory", "pbr/models", "pbr/buffer.py", "pbr/selection.py", "pbr/rng.py", "pbr/loop.py",
               "pbr/uncertainty.py", "pbr/data/augment.py", "pbr/data/shards.py", "stages/train.py",
               "stages/trained.py", "stages/run_settings.py", "stages/hardware.py")
 
