@@ -34,8 +34,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "params.yaml").write_text(
             f"data: {{dataset: cifar10, root: {a.root}, download: false}}\n")
-        code = ("import resource, time, sys; sys.path.insert(0, %r); from stages.config import load_config;"
-                "from stages import prepare; t = time.perf_counter(); prepare.run(load_config('params.yaml'), "
+        code = ("import resource, time, sys; sys.path.insert(0, %r); from stages.runtime.config import load_config;"
+                "from stages.pipeline import prepare; t = time.perf_counter(); prepare.run(load_config('params.yaml'), "
                 "log=lambda *a: None); print(time.perf_counter() - t, "
                 "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)") % str(ROOT)
         times, peaks = [], []

@@ -27,11 +27,11 @@ def _stage(name: str, params: Path) -> None:
     """Run one pipeline stage inside the pipeline execution's MLflow run."""
     import importlib
 
-    from stages import tracking
-    from stages.config import load_config
+    from stages.runtime import tracking
+    from stages.runtime.config import load_config
 
     cfg = load_config(params)
-    module = importlib.import_module(f"stages.{name}")
+    module = importlib.import_module(f"stages.pipeline.{name}")
     with tracking.stage_run(name, cfg.flat(), params) as run:
         module.run(cfg, tracker=run)
 
@@ -75,8 +75,8 @@ def report(
 ) -> None:
     """The paper's tables from finished runs in MLflow: mean ± std over seeds, paper numbers beside,
     PBR paired with each row (95% interval); a figure per table (docs/report.md)."""
-    from stages import report as stage
-    from stages.tracking import experiment_name
+    from stages.experiments import report as stage
+    from stages.runtime.tracking import experiment_name
 
     exp = experiment or experiment_name()
     out = stage.run(tracking_uri=tracking_uri, experiment=exp, metric=metric, csv_path=csv,
@@ -103,13 +103,13 @@ def confirm(
 ) -> None:
     """The pre-registered confirmation (docs/preregistration.md): comparisons C1-C5 on seeds 100-109,
     95% intervals, Holm-adjusted p and the verdicts by the page's rule."""
-    from stages import confirmation
-    from stages.tracking import experiment_name
+    from stages.experiments import confirmation
+    from stages.runtime.tracking import experiment_name
 
     text = confirmation.run(tracking_uri, experiment or experiment_name())
     typer.echo(text, nl=False)
     if markdown is not None:
-        from stages import artifacts
+        from stages.runtime import artifacts
 
         artifacts.write_text(markdown, text)
 
@@ -140,7 +140,7 @@ def sweep(
     params: Path = ParamsOpt,
 ) -> None:
     """Queue a paper grid as DVC experiments (`dvc exp run --queue`); `pbr report` tabulates them."""
-    from stages import sweep as stage
+    from stages.experiments import sweep as stage
 
     runs = stage.plan(name, stage.parse_seeds(seeds), stage.parse_assignments(set_, "-S"),
                       stage.parse_assignments(only, "--only", many=True), params, budget)
@@ -156,13 +156,13 @@ def sweep(
         typer.echo(f"{len(runs)} runs", err=True)
         return
     if offline is not None:
-        from stages import offline as direct
+        from stages.experiments import offline as direct
 
         _, _, failed = direct.run_all(runs, offline, params, jobs=max(jobs, 1), log=lambda m: typer.echo(m, err=True))
         if failed:
             raise typer.Exit(1)
         return
-    from stages import tracking
+    from stages.runtime import tracking
 
     # The store is created once, before parallel workers open it.
     queued, skipped = stage.queue(runs, log=lambda m: typer.echo(m, err=True), before=tracking.init_store)
@@ -188,7 +188,8 @@ def import_(
 ) -> None:
     """Copy the runs recorded elsewhere (`pbr sweep --offline DIR`, mlflow-offline/) into the project's store,
     once each, so `pbr report` counts them (docs/offline.md)."""
-    from stages import sync, tracking
+    from stages.experiments import sync
+    from stages.runtime import tracking
 
     out = sync.import_runs(source, tracking_uri or tracking.tracking_uri(), experiment or tracking.experiment_name(),
                            with_artifacts=not no_artifacts, log=lambda m: typer.echo(m, err=True))
@@ -205,7 +206,7 @@ def ui(
     the UI too (mlflow ui, until Ctrl-C)."""
     import subprocess
 
-    from stages import tracking
+    from stages.runtime import tracking
 
     uri = tracking_uri or tracking.tracking_uri()
     exp_id = tracking.existing_experiment_id(uri, tracking.experiment_name())

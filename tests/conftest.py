@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 # One torch thread per test process (set before torch loads): pytest-xdist runs tests side by side,
-# and oversubscribed OpenMP threads slow everything down many times over (stages/threads.py).
+# and oversubscribed OpenMP threads slow everything down many times over (stages/runtime/threads.py).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest

@@ -8,7 +8,7 @@ import pytest
 
 import fakedata
 from conftest import ROOT
-from stages.config import Config, ConfigError, from_dict
+from stages.runtime.config import Config, ConfigError, from_dict
 
 # Every parameter with the invalid values a user can write for it (the keys methods declare: below).
 INVALID = {
@@ -191,8 +191,8 @@ def raw(tmp_path_factory):
 def prepared(tmp_path_factory, raw):
     import os
 
-    from stages import prepare
-    from stages.config import load_config
+    from stages.pipeline import prepare
+    from stages.runtime.config import load_config
 
     repo = _project(tmp_path_factory.mktemp("prepared"), raw)
     cwd = os.getcwd()

@@ -8,7 +8,7 @@ import yaml
 
 from conftest import ROOT
 from pbr.methods import METHODS
-from stages.config import Config, ConfigError, from_dict, load_config
+from stages.runtime.config import Config, ConfigError, from_dict, load_config
 
 
 def test_project_params_are_the_papers_headline_configuration():
@@ -17,7 +17,7 @@ def test_project_params_are_the_papers_headline_configuration():
         ("cifar10", "ordered", 0.01, 5)
     assert (cfg.method.name, cfg.method.buffer_size) == ("pbr", 200)
     assert (cfg.train.epochs, cfg.train.batch_size) == (50, 32)
-    from stages.train import settings
+    from stages.pipeline.train import settings
 
     run = settings(cfg)
     s, sources = run.values, run.sources
@@ -139,7 +139,7 @@ def _env():
 def test_auto_values_come_from_the_published_table_of_the_runs_dataset_and_buffer():
     """Mammoth's best_args (seq-cifar10 / seq-tinyimg / seq-cifar100) key DER++'s alpha and beta by
     dataset and buffer; a pair it does not list falls back to the method's default, and says so."""
-    from stages.train import settings
+    from stages.pipeline.train import settings
 
     def derpp(dataset, buffer):
         run = settings(from_dict({"data": {"dataset": dataset, "n_tasks": 5},
@@ -166,7 +166,7 @@ def test_a_new_method_declares_its_settings_in_its_own_file(monkeypatch):
     validated params.yaml key under the method's name, without an edit to the config, even when
     another method declares the same key otherwise (oEWC's gamma, PBR's tau1)."""
     from pbr.methods import METHODS, ContinualMethod, Setting
-    from stages import config
+    from stages.runtime import config
 
     class Toy(ContinualMethod):
         name = "toy"

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from stages import confirmation, report
-from stages.report import RunRecord
+from stages.experiments import confirmation, report
+from stages.experiments.report import RunRecord
 
 BASE = {"data.setting": "ordered", "data.imbalance_ratio": "0.01", "data.dataset": "cifar10", "data.n_tasks": "5",
         "method.buffer_size": "200", "model.width": "8", "train.epochs": "[4, 8, 16, 40, 80]",

@@ -1,7 +1,7 @@
 """SIGKILL at chosen instants of prepare, train (inside a task, between tasks) and evaluate: re-running
 finishes with results identical to the uninterrupted run, and no MLflow run is left RUNNING.
 
-The kills are placed by `PBR_KILL_AT` (stages/faults.py): a real SIGKILL, at a chosen instant
+The kills are placed by `PBR_KILL_AT` (stages/runtime/faults.py): a real SIGKILL, at a chosen instant
 instead of a raced one."""
 
 import json
@@ -96,8 +96,8 @@ def test_a_bf16_run_killed_inside_a_task_resumes_to_the_same_bytes(tmp_path, fin
     """bf16 autocast keeps the exact resume of fp32: every RNG, the optimizer and the buffer are
     restored, and the bf16 kernels are as deterministic on one machine as the fp32 ones. The
     uninterrupted run is the train stage in this process (the bytes `pbr train` writes)."""
-    from stages import train
-    from stages.config import load_config
+    from stages.pipeline import train
+    from stages.runtime.config import load_config
 
     base = copy_project(finished, tmp_path / "base")
     set_params(base, train__precision="bf16")

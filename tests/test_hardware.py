@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from stages import hardware
+from stages.runtime import hardware
 
 # Flag lines as /proc/cpuinfo prints them on the CPUs this project runs on.
 AVX2_EPYC = "fpu vme de pse tsc msr sse sse2 ht syscall nx avx avx2 fma bmi1 bmi2 sha_ni"
@@ -67,8 +67,8 @@ def test_the_train_stage_records_what_auto_chose(tmp_path, monkeypatch):
     """run.json and the settings carry the resolved values and why; a run on other hardware is
     another run (its fingerprint differs), not a resume."""
     import fakedata
-    from stages import prepare, train
-    from stages.config import from_dict
+    from stages.pipeline import prepare, train
+    from stages.runtime.config import from_dict
 
     fakedata.write_cifar(tmp_path / "raw", 10, 20, 4)
     monkeypatch.chdir(tmp_path)

@@ -37,8 +37,8 @@ def _uninterrupted(finished, where, name, monkeypatch):
     """The train stage's output of an uninterrupted run of `name` on the finished project's data."""
     import shutil
 
-    from stages import train
-    from stages.config import load_config
+    from stages.pipeline import train
+    from stages.runtime.config import load_config
 
     ref = copy_project(finished, where)
     shutil.rmtree(ref / "artifacts/train")
@@ -83,8 +83,8 @@ def test_er_runs_through_dvc_exp_run_and_resumes_after_sigkill(tmp_path, finishe
 def test_method_state_crosses_processes_after_sigkill_and_scores(tmp_path, finished, name, monkeypatch):
     import shutil
 
-    from stages import evaluate, score
-    from stages.config import load_config
+    from stages.pipeline import evaluate, score
+    from stages.runtime.config import load_config
 
     repo = copy_project(finished, tmp_path / "repo")
     set_params(repo, method__name=name)

@@ -70,7 +70,7 @@ def test_pipeline_metrics_plots_and_mlflow_agree_and_report_compares_experiments
 
 
 def test_tracking_anchors_to_the_repository_from_a_queue_workspace(tmp_path, monkeypatch):
-    from stages import tracking
+    from stages.runtime import tracking
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     ws = tmp_path / "repo" / ".dvc" / "tmp" / "exps" / "standalone" / "tmpabc"

@@ -52,8 +52,8 @@ def test_pnn_refuses_a_head_or_dropout_its_columns_do_not_have():
     import pytest
 
     from pbr.errors import UserError
-    from stages.config import from_dict
-    from stages.train import settings
+    from stages.runtime.config import from_dict
+    from stages.pipeline.train import settings
 
     with pytest.raises(UserError, match="method.name = pnn: its columns end in linear classifiers"):
         settings(from_dict({"method": {"name": "pnn"}, "model": {"head": "cosine"}}))

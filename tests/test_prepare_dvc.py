@@ -71,8 +71,8 @@ def test_prepare_real_cifar10(tmp_path, monkeypatch):
     import yaml
 
     from conftest import ROOT
-    from stages import prepare
-    from stages.config import from_dict
+    from stages.pipeline import prepare
+    from stages.runtime.config import from_dict
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["data"].update(root=str(REAL_CIFAR10.parent), download=False)
@@ -91,11 +91,11 @@ def test_prepare_real_cifar10(tmp_path, monkeypatch):
 
 def test_killed_prepare_leaves_the_previous_output_untouched(tmp_path, monkeypatch):
     """`pbr prepare` SIGKILLed with its new shards written but not renamed into place (PBR_KILL_AT,
-    stages/faults.py): the previous complete output is untouched, the partial one is not under
+    stages/runtime/faults.py): the previous complete output is untouched, the partial one is not under
     data/prepared, and the next prepare finishes and clears it. The preparing around the killed one
     runs in this process (test_faults_dvc kills prepare under `dvc repro` too)."""
-    from stages import prepare
-    from stages.config import load_config
+    from stages.pipeline import prepare
+    from stages.runtime.config import load_config
 
     raw = tmp_path / "raw"
     fakedata.write_cifar(raw, 10, 60, 6)

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 import fakedata
-from stages.config import ConfigError, from_dict
+from stages.runtime.config import ConfigError, from_dict
 
 # The pipeline's defaults before the preset existed, spelled out (params.yaml at 313ea22): the
 # tuned preset must train exactly these, or every earlier result would stop being comparable.
@@ -21,7 +21,7 @@ PAPER = {"tau1": 0.1, "lr": 0.03, "buffer_order": "certain_first", "walk_candida
 def _settings(method: dict, train: dict | None = None):
     import torch
 
-    from stages import train as stage
+    from stages.pipeline import train as stage
 
     cfg = from_dict({"method": {"name": "pbr", "pbr": method}, "train": {"device": "cpu", "precision": "fp32", **(train or {})}})
     run = stage.settings(cfg, torch.device("cpu"))
@@ -61,7 +61,7 @@ def test_an_unknown_preset_is_a_one_line_error_naming_the_key():
 def trained(tmp_path_factory):
     """A tiny PBR run, trained once, with the MI at the bare cosines (mi_logits: cosine) and tau1 0.5:
     the walk scored at temperature tau1 * s = 5 on the logits s * cos."""
-    from stages import prepare, train
+    from stages.pipeline import prepare, train
 
     root = tmp_path_factory.mktemp("scored")
     fakedata.write_cifar(root / "raw", 10, 40, 6)
@@ -86,7 +86,7 @@ def _stage_cfg(root, score=None, **method):
 def _scores(root, tmp_path, cfg):
     import pyarrow.parquet as pq
 
-    from stages import score
+    from stages.pipeline import score
 
     for d in ("data", "artifacts"):
         shutil.copytree(root / d, tmp_path / d, symlinks=True, dirs_exist_ok=True)

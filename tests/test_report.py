@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pbr.errors import UserError
-from stages import report
-from stages.paper_results import PAPER_RESULTS
-from stages.report import RunRecord
+from stages.experiments import report
+from stages.experiments.paper_results import PAPER_RESULTS
+from stages.experiments.report import RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 # mlflow's own sqlalchemy usage, not ours
@@ -438,7 +438,7 @@ def _drawn(fig) -> dict[str, dict]:
 
 
 def test_the_figure_draws_the_table_and_marks_the_papers_numbers(env):
-    from stages.report_figures import SEED_OFFSET, table_figure
+    from stages.experiments.report_figures import SEED_OFFSET, table_figure
 
     rep = report.run(csv_path=None)
     (title, gs, paper), shuffled = report.figure_tables(rep.groups, "acc")
@@ -463,7 +463,7 @@ def test_the_figure_draws_the_table_and_marks_the_papers_numbers(env):
 
 def test_paper_marks_only_where_the_paper_has_a_number():
     """JOINT has no Task-IL number, PNN no Class-IL one, PBR at lr 0.03 and the proxy budget none."""
-    from stages.report_figures import table_figure
+    from stages.experiments.report_figures import table_figure
 
     p = {**BASE, "seed": "0", "train.device": "cpu"}
     proxy = {"model.width": "8", "train.epochs": "[4, 8, 16, 40, 80]", "method.reservoir": "first_epoch"}
@@ -485,7 +485,7 @@ def test_paper_marks_only_where_the_paper_has_a_number():
 def test_one_png_per_table_written_atomically_and_logged_to_mlflow(env, tmp_path):
     from mlflow import MlflowClient
 
-    from stages.report_figures import write_figures
+    from stages.experiments.report_figures import write_figures
 
     rep = report.run(figures_dir=tmp_path / "fig", log_mlflow=True)
     assert rep.figures == [tmp_path / "fig" / "ordered-ir-0.01-acc.png", tmp_path / "fig" / "shuffled-ir-0.1-acc.png"]

@@ -7,9 +7,9 @@ import pytest
 
 from conftest import ROOT
 from pbr.errors import UserError
-from stages import sweep
-from stages.paper_results import PAPER_RESULTS
-from stages.report import buffer_of, method_label
+from stages.experiments import sweep
+from stages.experiments.paper_results import PAPER_RESULTS
+from stages.experiments.report import buffer_of, method_label
 
 PARAMS = ROOT / "params.yaml"
 
@@ -161,7 +161,7 @@ def test_proxy_settings_reach_params_yaml_as_dvc_writes_them(tmp_path):
     epochs list must land in params.yaml as a list the config reads back."""
     from dvc.utils.hydra import apply_overrides
 
-    from stages.config import load_config
+    from stages.runtime.config import load_config
 
     run = next(r for r in _plan("fidelity", budget="proxy", only={"row": ["er-lr0.03"]}))
     (tmp_path / "params.yaml").write_text(PARAMS.read_text())
@@ -172,7 +172,7 @@ def test_proxy_settings_reach_params_yaml_as_dvc_writes_them(tmp_path):
 
 
 def test_expected_cost_of_a_run_by_hand():
-    from stages.config import from_dict
+    from stages.runtime.config import from_dict
 
     # Seq-CIFAR-10-LT at IR 0.01 keeps floor(5000 * 0.01^(c/9)) images of class c:
     # 5000 + 2997 + 1796 + 1077 + 645 + 387 + 232 + 139 + 83 + 50 = 12,406 a pass.
@@ -208,7 +208,7 @@ def test_a_bad_shard_is_a_one_line_error(text):
 
 def test_offline_runs_go_seed_by_seed():
     """A sweep cut short leaves every row with the same seeds: both rows of seed 3 run before seed 4."""
-    from stages.offline import _order
+    from stages.experiments.offline import _order
 
     runs = _plan("fidelity", seeds=5, only={"row": ["pbr", "er-lr0.1"]})
     order = [r.overrides["seed"] for r in _order(runs)]

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from pbr.errors import UserError
-from stages import report, sync, tracking
+from stages.experiments import report, sync
+from stages.runtime import tracking
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")

@@ -1,6 +1,6 @@
 import os
 
-from stages import threads
+from stages.runtime import threads
 
 
 def _workspace(tmp_path, pids):

@@ -12,8 +12,8 @@ import pytest
 import fakedata
 from pbr.methods import METHODS
 from project import tree_bytes
-from stages import trained
-from stages.config import from_dict
+from stages.pipeline import trained
+from stages.runtime.config import from_dict
 
 SMALL = {"data": {"download": False, "imbalance_ratio": 0.1}, "model": {"width": 4},
          "train": {"epochs": 1, "device": "cpu", "precision": "fp32", "eval_batch_size": 256}, "method": {"pbr": {"mc_samples": 4}}}
@@ -29,7 +29,7 @@ def _cfg(raw, **sections):
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    from stages import prepare
+    from stages.pipeline import prepare
 
     root = tmp_path_factory.mktemp("prepared")
     fakedata.write_cifar(root / "raw", 10, 60, 6)
@@ -52,7 +52,7 @@ def workdir(tmp_path, prepared, monkeypatch):
 
 
 def _train(cfg):
-    from stages import train
+    from stages.pipeline import train
 
     lines = []
     summary = train.run(cfg, log=lines.append)
@@ -80,7 +80,7 @@ def test_every_method_trains_saves_each_task_and_resumes_to_the_same_bytes(workd
 
     from pbr.data.shards import load_manifest
     from pbr.loop import evaluate
-    from stages import train
+    from stages.pipeline import train
 
     cfg = _cfg(prepared / "raw", method=VARIANTS.get(name, {"name": name}))
     name = cfg.method.name
@@ -211,7 +211,7 @@ def test_a_saved_task_reloads_as_its_method_and_predicts_its_accuracy_row(workdi
 
     from pbr.data.shards import load_manifest
     from pbr.loop import evaluate
-    from stages import train
+    from stages.pipeline import train
 
     summary, _ = _train(_cfg(prepared / "raw", method={"name": "pbr"}))
     manifest = load_manifest(workdir / "data/prepared")
@@ -225,11 +225,12 @@ def test_a_saved_task_reloads_as_its_method_and_predicts_its_accuracy_row(workdi
 
 
 def test_dvc_deps_of_train_are_what_the_resume_fingerprint_hashes(tmp_path):
-    """One list (stages/paths.py TRAIN_CODE): an edit to the report or the metrics keeps a
+    """One list (stages/runtime/paths.py TRAIN_CODE): an edit to the report or the metrics keeps a
     finished run; an edit to a method starts it over."""
     import yaml
 
-    from stages import paths, train
+    from stages.runtime import paths
+    from stages.pipeline import train
 
     root = Path(__file__).resolve().parents[1]
     deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["train"]["deps"]
@@ -238,7 +239,7 @@ def test_dvc_deps_of_train_are_what_the_resume_fingerprint_hashes(tmp_path):
         shutil.copytree(root / d, tmp_path / d, ignore=shutil.ignore_patterns("__pycache__"))
     before = train.code_hash(tmp_path)
     assert before == train.code_hash(root)
-    for f in ("stages/report.py", "pbr/metrics.py", "stages/evaluate.py"):
+    for f in ("stages/experiments/report.py", "pbr/metrics.py", "stages/pipeline/evaluate.py"):
         (tmp_path / f).write_text((tmp_path / f).read_text() + "\n# an edit\n")
     assert train.code_hash(tmp_path) == before
     (tmp_path / "pbr/methods/er.py").write_text((tmp_path / "pbr/methods/er.py").read_text() + "\n# an edit\n")

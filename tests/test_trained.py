@@ -1,4 +1,4 @@
-"""The stages ask the trained method, rebuilt from its saved task (stages/trained.py), what they
+"""The stages ask the trained method, rebuilt from its saved task (stages/pipeline/trained.py), what they
 used to dig out of state dicts: its classifier's norms and what MC dropout samples."""
 
 import csv
@@ -8,13 +8,13 @@ import pytest
 import torch
 
 import fakedata
-from stages.config import from_dict
+from stages.runtime.config import from_dict
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A PBR and a PNN run, trained and evaluated once on tiny generated data."""
-    from stages import evaluate, prepare, train
+    from stages.pipeline import evaluate, prepare, train
 
     out = {}
     for name in ("pbr", "pnn"):
@@ -58,7 +58,7 @@ def test_weight_norms_are_the_classifier_the_method_predicts_with(runs, name):
 
 
 def test_a_method_without_a_single_head_is_not_mc_scored(runs):
-    from stages.trained import load_method
+    from stages.pipeline.trained import load_method
     from pbr.data.shards import load_manifest
 
     manifest = load_manifest(runs["pnn"] / "data/prepared")

@@ -21,7 +21,7 @@ import yaml
 
 from pbr.data.facts import DATASETS as FACTS
 from pbr.errors import UserError
-from stages.paper_results import PAPER_N_TASKS
+from stages.experiments.paper_results import PAPER_N_TASKS
 
 DATASETS = tuple(FACTS)
 SHORT = {k: d.short for k, d in FACTS.items()}
@@ -281,7 +281,7 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
     """The runs of `grid` over `seeds` (a count N: seeds 0..N-1), at `budget`, with `extra` set on
     every run (it wins over the grid and the budget) and only the runs whose values match `only`;
     each run's params are validated."""
-    from stages.config import ConfigError, from_dict
+    from stages.runtime.config import ConfigError, from_dict
 
     if grid not in GRIDS:
         raise UserError(f"sweep {grid!r} is not a grid; use one of {' | '.join(GRIDS)}")

@@ -14,7 +14,7 @@ import re
 import statistics
 from pathlib import Path
 
-from stages import artifacts
+from stages.runtime import artifacts
 
 DEFAULT_DIR = Path("reports/report")
 MODES = (("class_il", "Class-IL"), ("task_il", "Task-IL"))
@@ -31,12 +31,12 @@ def _row_name(label: str, buffer: int | None) -> str:
 
 
 def table_figure(title: str, groups, metric: str = "acc", paper: bool = True):
-    """The matplotlib Figure of one table's groups (stages.report.Group, in the report's order).
+    """The matplotlib Figure of one table's groups (stages.experiments.report.Group, in the report's order).
     `paper`: mark the paper's numbers (the report prints them for acc on the full protocol)."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
-    from stages.report import _col_order, _dataset_header, _machine_rank, _row_order, machine_text
+    from stages.experiments.report import _col_order, _dataset_header, _machine_rank, _row_order, machine_text
 
     cols = sorted({(g.dataset, g.n_tasks) for g in groups}, key=lambda c: _col_order(*c))
     rows = sorted({(g.method, g.buffer_size, g.device, g.precision, g.label) for g in groups},

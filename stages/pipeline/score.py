@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from stages import artifacts, faults, paths, plots, resume, threads
+from stages.runtime import artifacts, faults, paths, plots, resume, threads
 
 COLUMNS = ("split", "index", "label", "task", "class_count", "mi", "entropy", "correct_own", "mi_final",
            "entropy_final", "correct_final")
@@ -28,8 +28,8 @@ def _fingerprint(last, T, tau, batch_size, dropout, seed, device) -> str:
     run = json.loads((paths.TRAIN / "run.json").read_text()).get("fingerprint") if (
         paths.TRAIN / "run.json").is_file() else None
     code = hashlib.sha256()
-    root = Path(__file__).resolve().parents[1]
-    for f in ("stages/score.py", "pbr/uncertainty.py"):
+    root = Path(__file__).resolve().parents[2]
+    for f in ("stages/pipeline/score.py", "pbr/uncertainty.py"):
         code.update((root / f).read_bytes())
     blob = json.dumps({"kind": "score", "run": run, "final": hashlib.sha256(last.read_bytes()).hexdigest(),
                        "settings": [T, tau, batch_size, dropout, seed], "device": device.type,
@@ -110,7 +110,7 @@ class _Scoring:
         import torch
 
         from pbr.data.shards import read_split
-        from stages.trained import load_method
+        from stages.pipeline.trained import load_method
 
         m, dev = self.manifest, self.device
         own, _ = load_method(paths.TRAIN / f"task_{k:02d}" / "model.pt", m, dev, self.gen)
@@ -145,9 +145,9 @@ def _setup(cfg) -> tuple[_Scoring, Path]:
     from pbr.data.augment import MEAN_STD, normalize
     from pbr.data.shards import load_manifest
     from pbr.errors import UserError
-    from stages.run_settings import RunSettings
-    from stages.train import resolve_device
-    from stages.trained import load_method
+    from stages.pipeline.run_settings import RunSettings
+    from stages.pipeline.train import resolve_device
+    from stages.pipeline.trained import load_method
 
     manifest = load_manifest(paths.PREPARED)
     last = paths.TRAIN / f"task_{manifest['n_tasks'] - 1:02d}" / "model.pt"

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pbr.errors import UserError
-from stages import hardware
-from stages.config import Config, method_values
+from stages.runtime import hardware
+from stages.runtime.config import Config, method_values
 
 
 @dataclass(frozen=True)

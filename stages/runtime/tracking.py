@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pbr.errors import UserError
-from stages.paths import anchor
+from stages.runtime.paths import anchor
 
 EXPERIMENT = "pbr"
 OFFLINE_DIR = "mlflow-offline"  # at the repository root, beside mlflow.db

@@ -11,7 +11,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from stages import report
+from stages.experiments import report
 
 SEEDS = tuple(str(s) for s in range(100, 110))
 CELL = {"budget": "proxy", "setting": "ordered", "imbalance_ratio": 0.01, "dataset": "cifar10",

@@ -121,13 +121,13 @@ class TrainConfig:
     lr: float | Auto = _key(_positive, "a positive number or auto", default="auto")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # bf16 autocast of the training step (evaluation stays fp32); channels_last memory format.
-    # auto: decided from the device (stages/hardware.py), recorded in run.json and MLflow.
+    # auto: decided from the device (stages/runtime/hardware.py), recorded in run.json and MLflow.
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     channels_last: bool | Auto = _key(None, "true, false or auto", default="auto")
     # torch.compile of the model's forward (and its backward): faster steps after a compile per
     # batch shape, so worth it for long runs only (README, Benchmarks).
     compile: bool = False
-    # CPU threads of torch: auto = the cores, shared among live `dvc queue` workers (stages/threads.py).
+    # CPU threads of torch: auto = the cores, shared among live `dvc queue` workers (stages/runtime/threads.py).
     threads: int | Auto = _key(_positive, "a positive integer or auto", default="auto")
 
 

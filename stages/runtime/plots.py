@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from stages import artifacts
+from stages.runtime import artifacts
 
 
 def _figure(*args, **kw):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from pbr.errors import UserError
-from stages import tracking
+from stages.runtime import tracking
 
 ORIGIN_TAG = "pbr.imported_from"      # the source run's id (its own origin when it was imported too)
 VERSION_TAG = "pbr.imported_version"  # the source run's status and end time when it was copied

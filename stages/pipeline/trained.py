@@ -37,7 +37,7 @@ def load_method(path: Path, manifest: dict, device, generator):
     """The method as saved after a task (model.pt), ready to predict."""
     import torch
 
-    from stages.run_settings import RunSettings
+    from stages.pipeline.run_settings import RunSettings
 
     saved = torch.load(path, map_location=device, weights_only=False)
     method = build_method(RunSettings.saved(saved["settings"]), manifest, device, generator)

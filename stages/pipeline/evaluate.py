@@ -12,13 +12,13 @@ import json
 
 from pbr.errors import UserError
 from pbr.metrics import minority_tasks, scenario_metrics
-from stages import artifacts, faults, paths, plots
+from stages.runtime import artifacts, faults, paths, plots
 
 
 def _head_norms(model_path, manifest) -> list[float]:
     import torch
 
-    from stages.trained import load_method
+    from stages.pipeline.trained import load_method
 
     cpu = torch.device("cpu")
     method, _ = load_method(model_path, manifest, cpu, torch.Generator(device=cpu))

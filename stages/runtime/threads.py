@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from stages.paths import anchor
-from stages.tracking import pid_alive
+from stages.runtime.paths import anchor
+from stages.runtime.tracking import pid_alive
 
 
 def queue_workers(cwd: Path | None = None) -> int:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import yaml
 
 from pbr.errors import UserError
-from stages.paths import from_repo
+from stages.runtime.paths import from_repo
 
 DONE = "DONE"
 
@@ -37,7 +37,7 @@ def _write(path: Path, text: str) -> None:
 
 
 def _env(out: Path, root: Path) -> dict[str, str]:
-    from stages.tracking import git_state
+    from stages.runtime.tracking import git_state
 
     git = git_state()
     # The runs execute outside the project: its code comes first on the path, and its commit is
@@ -48,7 +48,7 @@ def _env(out: Path, root: Path) -> dict[str, str]:
 
 
 def _params(base: dict, overrides: dict[str, Any]) -> dict:
-    from stages.sweep import _merged
+    from stages.experiments.sweep import _merged
 
     p = _merged(base, overrides)
     # A relative data root is the project's, not the run folder's.
@@ -113,13 +113,13 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
     """Run `runs` (sweep.Run) in `out`, `jobs` at a time; returns (finished now, skipped, failed names)."""
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: give at least 1 with --offline")
-    root = Path(__file__).resolve().parents[1]  # the checkout whose code the runs use
+    root = Path(__file__).resolve().parents[2]  # the checkout whose code the runs use
     base = yaml.safe_load(params_file.read_text())
     out = out.expanduser().resolve()
     (out / "runs").mkdir(parents=True, exist_ok=True)
     env = _env(out, root)
     # The store and its artifact folder are made once, from `out`, before parallel runs open it.
-    subprocess.run([sys.executable, "-c", "from stages import tracking; tracking.init_store()"], cwd=out,
+    subprocess.run([sys.executable, "-c", "from stages.runtime import tracking; tracking.init_store()"], cwd=out,
                    env=env, check=True)
     todo = _order(r for r in runs if not (out / "runs" / r.name / DONE).is_file())
     skipped, done, failed = len(runs) - len(todo), 0, []

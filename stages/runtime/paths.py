@@ -16,8 +16,8 @@ DVC_LOCK = Path("dvc.lock")
 # and what its resume fingerprint hashes (the resolved settings are hashed as values, so the
 # config's own code is not in).
 TRAIN_CODE = ("pbr/methods", "pbr/memory", "pbr/models", "pbr/buffer.py", "pbr/selection.py", "pbr/rng.py", "pbr/loop.py",
-              "pbr/uncertainty.py", "pbr/data/augment.py", "pbr/data/shards.py", "stages/train.py",
-              "stages/trained.py", "stages/run_settings.py", "stages/hardware.py")
+              "pbr/uncertainty.py", "pbr/data/augment.py", "pbr/data/shards.py", "stages/pipeline/train.py",
+              "stages/pipeline/trained.py", "stages/pipeline/run_settings.py", "stages/runtime/hardware.py")
 
 
 def anchor(cwd: Path | None = None) -> Path:

@@ -3,7 +3,7 @@
 Source: "Prior-free Balanced Replay" (ACM MM 2024), Tables 2, 3 and 5.
 Key: (setting, imbalance_ratio, dataset, method_label, buffer_size or None)
   -> (class_il or None, task_il or None); None where the paper prints "-" or gives no number.
-method_label is the row label of `pbr report` (stages/report.py, `method_label`):
+method_label is the row label of `pbr report` (stages/experiments/report.py, `method_label`):
   the paper's "Ours - Uncertainty" / "Ours" is "PBR", "Ours - Random" is "PBR (random)" or, read
   as the online reservoir, "PBR (online reservoir)"; the paper as written (method.pbr.preset: paper)
   is "PBR (paper-literal)", beside the same "Ours" numbers,

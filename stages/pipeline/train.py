@@ -4,7 +4,7 @@ Resumable: each finished task is a complete folder `artifacts/train/task_KK/` (w
 temporary name, then renamed) holding everything needed to continue exactly where it ended,
 RNG states included. A re-run continues after the last finished task when the run's fingerprint
 (settings, prepared data, code) is unchanged, and starts over otherwise. The finished tasks are
-also linked outside DVC's outputs (stages/resume.py), which `dvc exp run` would overwrite.
+also linked outside DVC's outputs (stages/runtime/resume.py), which `dvc exp run` would overwrite.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 from pbr.errors import UserError
-from stages import artifacts, faults, paths, resume, threads
-from stages.config import Config
-from stages.run_settings import RunSettings
-from stages.trained import build_method
+from stages.runtime import artifacts, faults, paths, resume, threads
+from stages.runtime.config import Config
+from stages.pipeline.run_settings import RunSettings
+from stages.pipeline.trained import build_method
 
 STATE = "state.pt"
 
@@ -44,7 +44,7 @@ def settings(cfg: Config, device=None) -> RunSettings:
 def code_hash(root: Path | None = None) -> str:
     """sha256 of the code that shapes the trained weights (paths.TRAIN_CODE, also the train stage's
     DVC deps): an edit elsewhere (report, metrics, plots) keeps a finished or killed run."""
-    root = root or Path(__file__).resolve().parents[1]
+    root = root or Path(__file__).resolve().parents[2]
     h = hashlib.sha256()
     for entry in paths.TRAIN_CODE:
         p = root / entry
@@ -148,7 +148,7 @@ class _TaskRecorder:
         self.progress = None
 
     def task_started(self, task: int, n_images: int, epochs: int) -> None:
-        from stages.progress import TaskProgress
+        from stages.runtime.progress import TaskProgress
 
         self.progress = TaskProgress(task, self.manifest["n_tasks"], epochs, n_images)
 

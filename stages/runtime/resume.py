@@ -6,7 +6,7 @@ train stage also links every finished task into `<repo>/.pbr/resume/<fingerprint
 not a DVC output; shared by the `dvc queue` workspaces, which live under the same repository), and
 takes them back from there when its output folder holds fewer of them. A run's folder goes when the
 run completes; deleting `.pbr/` at any time loses nothing else. Hard links: no second copy on disk.
-The score stage keeps each scored task in a store of its own fingerprint the same way (stages/score.py).
+The score stage keeps each scored task in a store of its own fingerprint the same way (stages/pipeline/score.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from stages import artifacts
-from stages.paths import anchor
+from stages.runtime import artifacts
+from stages.runtime.paths import anchor
 
 STORE = Path(".pbr/resume")
 

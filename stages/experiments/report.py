@@ -29,7 +29,7 @@ from typing import Iterable
 
 from pbr.data.facts import DATASETS as FACTS
 from pbr.errors import UserError
-from stages import artifacts
+from stages.runtime import artifacts
 
 METRICS = ("acc", "bwt", "forgetting")
 DEFAULT_EXPERIMENT = "pbr"
@@ -99,7 +99,7 @@ CSV_COLUMNS = ("budget", "setting", "imbalance_ratio", "dataset", "method", "buf
 
 
 def _default_uri() -> str:
-    from stages.tracking import tracking_uri
+    from stages.runtime.tracking import tracking_uri
 
     return tracking_uri()
 
@@ -191,13 +191,13 @@ class Group:
         return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0), len(v)
 
     def paper(self) -> tuple[float | None, float | None]:
-        from stages.paper_results import PAPER_RESULTS
+        from stages.experiments.paper_results import PAPER_RESULTS
 
         return PAPER_RESULTS.get((self.setting, self.imbalance_ratio, self.dataset, self.method,
                                   self.buffer_size), (None, None))
 
     def paper_n_tasks(self) -> int | None:
-        from stages.paper_results import PAPER_N_TASKS
+        from stages.experiments.paper_results import PAPER_N_TASKS
 
         return PAPER_N_TASKS.get((self.setting, self.dataset))
 
@@ -227,7 +227,7 @@ class Report:
 @functools.lru_cache(maxsize=None)
 def _schema_defaults(method: str = "pbr") -> dict[str, str]:
     """params.yaml's schema defaults for a run of `method` (its own section, the shared keys)."""
-    from stages.config import Config, MethodConfig
+    from stages.runtime.config import Config, MethodConfig
 
     return {k: str(v) for k, v in Config(method=MethodConfig(name=method)).flat().items()}
 
@@ -300,7 +300,7 @@ def method_label(params: dict[str, str]) -> str:
 def budget_of(params: dict[str, str]) -> str:
     """"full protocol" (params.yaml's width and epochs), "proxy" (`pbr sweep --budget proxy`), or
     the run's width and epochs (and the online reservoir's rule, for the methods that have one)."""
-    from stages.sweep import BUDGETS
+    from stages.experiments.sweep import BUDGETS
 
     width, epochs = params.get("model.width", "64"), params.get("train.epochs", "50")
     reservoir = params.get("method.reservoir", "every_epoch")
@@ -375,7 +375,7 @@ def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> lis
             if not token:
                 break
     except Exception as e:  # a store that cannot be opened fails in many ways
-        from stages.tracking import store_error
+        from stages.runtime.tracking import store_error
 
         raise UserError(store_error(tracking_uri, e, "check --tracking-uri / MLFLOW_TRACKING_URI")) from None
     return [RunRecord(r.info.run_id, pin_auto(respell(dict(r.data.params)), dict(r.data.tags)), dict(r.data.metrics),
@@ -501,7 +501,7 @@ def _cell(g: Group | None, mode: str, metric: str, paper: float | None, paper_ta
 
 def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[str] = ()) -> str:
     """One markdown table per (setting, IR); notes under each table."""
-    from stages.paper_results import PAPER_N_TASKS, PAPER_RESULTS
+    from stages.experiments.paper_results import PAPER_N_TASKS, PAPER_RESULTS
 
     what = {"acc": "final average accuracy", "bwt": "backward transfer",
             "forgetting": "forgetting"}[metric]
@@ -729,7 +729,7 @@ def log_to_mlflow(uri: str, experiment: str, rep: Report, metric: str) -> str:
 
     from mlflow import MlflowClient
 
-    from stages.tracking import KIND, KIND_TAG
+    from stages.runtime.tracking import KIND, KIND_TAG
 
     client = MlflowClient(tracking_uri=uri)
     name = report_experiment(experiment)
@@ -791,14 +791,14 @@ def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, m
     rep = Report(text, groups, Path(csv_path) if csv_path is not None else None,
                  Path(markdown_path) if markdown_path is not None else None)
     if figures_dir is not None:
-        from stages.report_figures import write_figures
+        from stages.experiments.report_figures import write_figures
 
         rep.figures = write_figures(figure_tables(groups, metric), metric, Path(figures_dir))
     if log_mlflow:
         try:
             rep.mlflow_run = log_to_mlflow(uri, experiment, rep, metric)
         except Exception as e:  # the report is made; a store that refuses writes must not lose it
-            from stages.tracking import store_error
+            from stages.runtime.tracking import store_error
 
             rep.warnings.append("not logged to MLflow: " + store_error(
                 uri, e, f"the report's files are on disk; run with --no-log to skip logging"))

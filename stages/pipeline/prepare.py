@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from pbr.errors import UserError
-from stages import artifacts, faults, paths
-from stages.config import Config
+from stages.runtime import artifacts, faults, paths
+from stages.runtime.config import Config
 
 
 def count_tables(manifest: dict) -> tuple[list[dict], list[dict]]:
