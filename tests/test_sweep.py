@@ -213,3 +213,29 @@ def test_offline_runs_go_seed_by_seed():
     runs = _plan("fidelity", seeds=5, only={"row": ["pbr", "er-lr0.1"]})
     order = [r.overrides["seed"] for r in _order(runs)]
     assert order == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_the_grids_read_who_takes_part_off_the_registry(monkeypatch):
+    """No grid names a method: Table 3 runs whoever declares grids=("table3",) against the method of
+    role "ours" with its named ablations where the paper has them; a subclass does not inherit its
+    parent's place in a grid (PRS and CBRS are ER's subclasses, ER is the fidelity comparator)."""
+    from pbr.methods import METHODS
+    from pbr.methods.der import DERpp
+
+    class Shuffled(DERpp):
+        name = "shuffled_only"
+        grids = ("table3", "fidelity")
+
+    class Child(Shuffled):
+        name = "child"
+
+    monkeypatch.setitem(METHODS, "shuffled_only", Shuffled)
+    monkeypatch.setitem(METHODS, "child", Child)
+    table3 = {cell["method.name"] for cell in sweep.table3({})}
+    assert table3 == {"derpp", "shuffled_only", "pbr"}
+    rows = [cell["_row"] for cell in sweep.fidelity({}) if not cell["_row"].startswith("pbr")]
+    assert rows == ["er-lr0.03", "er-lr0.1", "shuffled_only-lr0.03", "shuffled_only-lr0.1"]
+    # Ours and each of its ablations, at both buffers on every dataset of Table 2.
+    ours = [c for c in sweep.table2({}) if c["method.name"] == "pbr"]
+    assert len(ours) == 3 * 2 * (1 + len(METHODS["pbr"].ablations)) == 18
+    assert {c.get("method.pbr.sampling") for c in ours} == {None, "reservoir"}

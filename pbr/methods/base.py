@@ -114,6 +114,12 @@ class ContinualMethod:
     # Its place in the paper's tables: a "bound" (SGD, JOINT: also on the balanced stream), a
     # "baseline", or "ours" (PBR).
     role: ClassVar[str] = "baseline"
+    # The paper's named ablations of the method: its own keys over its settings (PBR's "Ours -
+    # Random" in two readings); `pbr sweep` runs each beside the method where the paper does.
+    ablations: ClassVar[dict[str, dict[str, Any]]] = {}
+    # The paper's experiments the method takes part in beyond what its role says (`pbr sweep`'s
+    # grids "table3", "table5", "fidelity"); read off the class itself, not inherited.
+    grids: ClassVar[tuple[str, ...]] = ()
     # Where its variants sit in a table (their labels, "" for the method at its own settings); the
     # ones not listed follow.
     row_order: ClassVar[tuple[str, ...]] = ()

@@ -39,6 +39,7 @@ class DER(ContinualMethod):
 
 class DERpp(DER):
     name = "derpp"
+    grids = ("table3",)  # the paper's shuffled Table 3: DER++ against PBR
     label = "DER++"
     settings = (ALPHA, BETA, RESERVOIR)  # beta: weight of the second draw's cross-entropy
     defaults = {**ContinualMethod.defaults, "alpha": 0.1, "beta": 0.5}

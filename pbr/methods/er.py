@@ -8,6 +8,7 @@ from pbr.methods.base import MAMMOTH, RESERVOIR, Best, ContinualMethod
 
 class ER(ContinualMethod):
     name = "er"
+    grids = ("fidelity",)  # the confirmation's comparator, at the paper's lr and Mammoth's
     label = "ER"
     memory = Reservoir
     settings = (RESERVOIR,)

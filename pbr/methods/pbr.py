@@ -29,6 +29,9 @@ class PBR(ContinualMethod):
     name = "pbr"
     role = "ours"
     row_order = ("random", "")  # the paper's: Ours - Random above Ours, the ablations after
+    # "Ours - Random" read two ways: the walk in random order, or Vitter's online reservoir that the
+    # walk is contrasted with (docs/method.md, point 10).
+    ablations = {"random": {"buffer_order": "random"}, "reservoir": {"sampling": "reservoir"}}
     label = "PBR"
     memory = UncertaintyWalk  # or the online reservoir (sampling: reservoir): make_policy
     # The readings of the paper's open points are settings; docs/method.md gives the evidence.

@@ -11,6 +11,7 @@ from pbr.methods.base import MAMMOTH, Best, ContinualMethod
 class SGD(ContinualMethod):
     name = "sgd"
     role = "bound"
+    grids = ("table5",)  # the ablation's no-buffer rows, with either classifier
     label = "SGD"
     best = (
         Best("cifar10", None, {"lr": 0.1}, f"{MAMMOTH} seq-cifar10"),

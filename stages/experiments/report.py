@@ -225,11 +225,12 @@ class Report:
 
 
 @functools.lru_cache(maxsize=None)
-def _schema_defaults(method: str = "pbr") -> dict[str, str]:
+def _schema_defaults(method: str | None = None) -> dict[str, str]:
     """params.yaml's schema defaults for a run of `method` (its own section, the shared keys)."""
     from stages.runtime.config import Config, MethodConfig
 
-    return {k: str(v) for k, v in Config(method=MethodConfig(name=method)).flat().items()}
+    cfg = Config() if method is None else Config(method=MethodConfig(name=method))
+    return {k: str(v) for k, v in cfg.flat().items()}
 
 
 def _schema_default(key: str) -> str:

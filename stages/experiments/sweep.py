@@ -32,23 +32,39 @@ def _task(setting: str, dataset: str, ir: float) -> dict[str, Any]:
             "data.setting": setting, "data.imbalance_ratio": ir}
 
 
-def _method(name: str, buffer: int | None = None, order: str | None = None, head: str = "auto"
+def _method(name: str, buffer: int | None = None, variant: str | None = None, head: str = "auto"
             ) -> dict[str, Any]:
-    """A method's keys; `order` None leaves PBR's walk order to params.yaml (the paper's "Ours");
-    "reservoir" fills PBR's buffer by the online reservoir instead of the walk."""
+    """A method's keys; `variant` one of the method's named ablations (its `ablations`: PBR's
+    "random" and "reservoir", the paper's "Ours - Random" in its two readings), None the method as
+    params.yaml has it."""
+    from pbr.methods import METHODS
+
     m: dict[str, Any] = {"method.name": name, "model.head": head}
     if buffer is not None:
         m["method.buffer_size"] = buffer
-    if name == "pbr" and order == "reservoir":
-        m["method.pbr.sampling"] = "reservoir"
-    elif name == "pbr" and order is not None:
-        m["method.pbr.buffer_order"] = order
+    if variant is not None:
+        m.update({f"method.{name}.{k}": v for k, v in METHODS[name].ablations[variant].items()})
+        m["_variant"] = variant
     return m
 
 
-# The paper's "Ours - Random", in both readings (docs/method.md, point 10): the walk in random
-# order, and the online reservoir the walk replaces.
-OURS = (None, "random", "reservoir")
+def _ours():
+    """The method the paper proposes (role "ours")."""
+    from pbr.methods import METHODS
+
+    return next(cls for cls in METHODS.values() if cls.role == "ours")
+
+
+def _variants(cls) -> tuple[str | None, ...]:
+    """The method, then each of its named ablations."""
+    return (None, *cls.ablations)
+
+
+def _taking_part(grid: str) -> list:
+    """The methods that declare (themselves, not by inheritance) that they take part in `grid`."""
+    from pbr.methods import METHODS
+
+    return [cls for cls in METHODS.values() if grid in vars(cls).get("grids", ())]
 
 
 def table2(base: dict | None = None) -> Iterator[dict[str, Any]]:
@@ -69,8 +85,9 @@ def table2(base: dict | None = None) -> Iterator[dict[str, Any]]:
             for cls in METHODS.values():
                 if cls.role == "baseline" and cls.uses_buffer:
                     yield {**_task("ordered", ds, 0.01), **_method(cls.name, buffer)}
-            for order in OURS:
-                yield {**_task("ordered", ds, 0.01), **_method("pbr", buffer, order)}
+            ours = _ours()
+            for variant in _variants(ours):
+                yield {**_task("ordered", ds, 0.01), **_method(ours.name, buffer, variant)}
 
 
 def table1(base: dict | None = None) -> Iterator[dict[str, Any]]:
@@ -87,80 +104,90 @@ def table3(base: dict | None = None) -> Iterator[dict[str, Any]]:
     """Table 3: shuffled Seq-CIFAR-100-LT in 5 tasks, IR 0.01 / 0.02 / 0.05 / 0.1, buffer 200,
     DER++ against PBR."""
     for ir in (0.01, 0.02, 0.05, 0.1):
-        for name in ("derpp", "pbr"):
-            yield {**_task("shuffled", "cifar100", ir), **_method(name, 200)}
+        for cls in (*_taking_part("table3"), _ours()):
+            yield {**_task("shuffled", "cifar100", ir), **_method(cls.name, 200)}
 
 
 def table5(base: dict | None = None) -> Iterator[dict[str, Any]]:
     """Table 5 (ablation): Seq-CIFAR-10-LT, ordered, IR 0.01; the buffer's sampling (the walk in
     params.yaml's order, in random order, or the online reservoir) x classifier (cosine / linear)
     at buffer 200, and no buffer (SGD) with either classifier."""
-    for head in ("linear", "cosine"):
-        yield {**_task("ordered", "cifar10", 0.01), **_method("sgd", head=head)}
-    for order in OURS:
+    for cls in _taking_part("table5"):
+        for head in ("linear", "cosine"):
+            yield {**_task("ordered", "cifar10", 0.01), **_method(cls.name, head=head)}
+    ours = _ours()
+    for variant in _variants(ours):
         for head in ("cosine", "linear"):
-            yield {**_task("ordered", "cifar10", 0.01), **_method("pbr", 200, order, head)}
+            yield {**_task("ordered", "cifar10", 0.01), **_method(ours.name, 200, variant, head)}
 
 
-# The fidelity grid's one-at-a-time changes: key -> (short name, the values tried). A cell is
-# made for each value other than params.yaml's.
+# The fidelity grid's one-at-a-time changes to the proposed method: its own key (or a dotted key of
+# another section) -> (short name, the values tried). A cell is made for each value other than
+# params.yaml's.
 READINGS: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "method.pbr.kl_classes": ("kl", ("old", "all")),
-    "method.pbr.mi_logits": ("mi", ("scaled", "cosine")),
-    "method.pbr.tau1": ("tau1-", (0.1, 1.0)),
-    "method.pbr.alpha": ("a", (0.3, 1.0, 3.0)),
-    "method.pbr.beta": ("b", (0.0, 0.1, 1.0)),
+    "kl_classes": ("kl", ("old", "all")),
+    "mi_logits": ("mi", ("scaled", "cosine")),
+    "tau1": ("tau1-", (0.1, 1.0)),
+    "alpha": ("a", (0.3, 1.0, 3.0)),
+    "beta": ("b", (0.0, 0.1, 1.0)),
     "train.lr": ("lr", (0.03, 0.1)),
-    "method.pbr.imprint": ("imprint-", (False, True)),
-    "method.pbr.walk_candidate": ("", ("hold", "advance")),
+    "imprint": ("imprint-", (False, True)),
+    "walk_candidate": ("", ("hold", "advance")),
     # Readings of "uncertainty-guided" first tried after the pre-registration (selection seeds only).
-    "method.pbr.walk_count": ("N-", ("task", "stream")),
-    "method.pbr.buffer_order": ("", ("uncertain_weighted", "certain_weighted")),
-    "method.pbr.mi_power": ("mipow", (1.0, 2.0, 0.5)),
-    "method.pbr.walk_rank": ("rank-", ("task", "class")),
-    "method.pbr.mi_outliers": ("out", (0.0, 0.05)),
-    "method.pbr.mi_model": ("mi-", ("final", "teacher")),
+    "walk_count": ("N-", ("task", "stream")),
+    "buffer_order": ("", ("uncertain_weighted", "certain_weighted")),
+    "mi_power": ("mipow", (1.0, 2.0, 0.5)),
+    "walk_rank": ("rank-", ("task", "class")),
+    "mi_outliers": ("out", (0.0, 0.05)),
+    "mi_model": ("mi-", ("final", "teacher")),
 }
 
 
 def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
     """The readings of the paper's open points (docs/method.md), on Seq-CIFAR-10-LT, ordered, IR
     0.01, buffer 200: the walk's order x offset counts, then one change at a time on params.yaml's
-    PBR, PBR and PBR-random as params.yaml has them, and ER at the paper's single lr 0.03 and at
-    Mammoth's tuned 0.1. Each cell names its row (`_row`); every other key comes from params.yaml."""
+    PBR, PBR and its named ablations as params.yaml has them, the paper as written, and the
+    comparator (ER) at the paper's single lr 0.03 and at Mammoth's tuned 0.1. Each cell names its
+    row (`_row`); every other key comes from params.yaml."""
     base = base or {}
+    ours = _ours()
+    name = ours.name
+    key = lambda k: k if "." in k else f"method.{name}.{k}"  # noqa: E731
     task = {**_task("ordered", "cifar10", 0.01), "method.buffer_size": 200}
-    for lr, row in ((0.03, "er-lr0.03"), (0.1, "er-lr0.1")):
-        yield {**task, "method.name": "er", "train.lr": lr, "_row": row}
-    now_order, now_offset = (_pbr_value(base, k) for k in ("method.pbr.buffer_order", "method.pbr.offset"))
+    for cls in _taking_part("fidelity"):
+        for lr in (0.03, 0.1):
+            yield {**task, "method.name": cls.name, "train.lr": lr, "_row": f"{cls.name}-lr{lr:g}"}
+    now_order, now_offset = (_own_value(ours, base, k) for k in ("buffer_order", "offset"))
     for offset in ("class", "task"):
         for order in ("uncertain_first", "certain_first", "random"):
             if offset == now_offset and order in (now_order, "random"):
-                continue  # the rows "pbr" and "pbr-random" below
-            yield {**task, **_method("pbr", 200, order), "method.pbr.offset": offset,
-                   "_row": f"pbr-{order.split('_')[0]}-{offset}"}
-    for key, (short, values) in READINGS.items():
-        now = _pbr_value(base, key)
+                continue  # the rows of the method itself and of its random order, below
+            yield {**task, **_method(name, 200), key("buffer_order"): order, key("offset"): offset,
+                   "_row": f"{name}-{order.split('_')[0]}-{offset}"}
+    for k, (short, values) in READINGS.items():
+        now = _get(base, k) if "." in k else None  # train.lr: params.yaml's, else the method's own
+        if now in ("auto", None):
+            now = _own_value(ours, base, k.split(".")[-1])
         for v in values:
             if v != now:
                 text = str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else v
-                yield {**task, "method.name": "pbr", key: v, "_row": f"pbr-{short}{text}"}
-    yield {**task, "method.name": "pbr", "_row": "pbr"}
-    yield {**task, "method.name": "pbr", "method.pbr.buffer_order": "random", "_row": "pbr-random"}
-    # The ablation's other reading: PBR's loss with the online reservoir the walk replaces.
-    yield {**task, "method.name": "pbr", "method.pbr.sampling": "reservoir", "_row": "pbr-reservoir"}
+                yield {**task, "method.name": name, key(k): v, "_row": f"{name}-{short}{text}"}
+    yield {**task, "method.name": name, "_row": name}
+    for variant in ours.ablations:  # the paper's Ours - Random, in both readings
+        yield {**task, "method.name": name, **{key(k): v for k, v in ours.ablations[variant].items()},
+               "_row": f"{name}-{variant}"}
     # The paper as written, beside ours (docs/preregistration.md).
-    yield {**task, "method.name": "pbr", "method.pbr.preset": "paper", "_row": "pbr-literal"}
+    yield {**task, "method.name": name, key("preset"): "paper", "_row": f"{name}-literal"}
 
 
-def _pbr_value(base: dict, key: str) -> Any:
-    """params.yaml's value of a PBR key, "auto" read as PBR's own under params.yaml's preset."""
-    now = _get(base, key)
+def _own_value(cls, base: dict, key: str) -> Any:
+    """params.yaml's value of one of the method's own keys, "auto" read as the method's own (under
+    params.yaml's preset, where the method has one)."""
+    now = _get(base, f"method.{cls.name}.{key}") if key != "lr" else None
     if now in ("auto", None):
-        from pbr.methods import METHODS
-
-        opts, _ = METHODS["pbr"].options("cifar10", 200, preset=_get(base, "method.pbr.preset") or "tuned")
-        now = getattr(opts, key.split(".")[-1])
+        presets = {s.key: _get(base, f"method.{cls.name}.{s.key}") for s in cls.settings if s.selects_defaults}
+        opts, _ = cls.options("cifar10", 200, **{k: v for k, v in presets.items() if v is not None})
+        now = getattr(opts, key)
     return now
 
 
@@ -242,10 +269,8 @@ def _name(grid: str, o: dict[str, Any], seed: int, extra: dict[str, Any]) -> str
 
         name, buffer = o["method.name"], o.get("method.buffer_size")
         parts = [SHORT[o["data.dataset"]], name]
-        if name == "pbr" and o.get("method.pbr.buffer_order") is not None:
-            parts.append(o["method.pbr.buffer_order"].replace("_", ""))
-        if o.get("method.pbr.sampling") is not None:
-            parts.append(o["method.pbr.sampling"])
+        if o.get("_variant") is not None:
+            parts.append(o["_variant"])
         own_head, _ = METHODS[name].resolve("head", "auto", o["data.dataset"], buffer or 0)
         if o.get("model.head", "auto") not in ("auto", own_head):
             parts.append(o["model.head"])
@@ -298,7 +323,7 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
     filters = {k: v if isinstance(v, list) else [v] for k, v in only.items()}
     runs = []
     for cell in GRIDS[grid](base):
-        o = {k: v for k, v in {**cell, **settings}.items() if k != "_row"}
+        o = {k: v for k, v in {**cell, **settings}.items() if not k.startswith("_")}
         # `row` picks a fidelity cell by its name (fid-ROW-sSEED): --only row=pbr,pbr-random
         if any((str(cell.get("_row")) if k == "row" else _lookup(base, o, k)) not in vals
                for k, vals in filters.items()):

@@ -64,7 +64,8 @@ def _method_config() -> type:
     from pbr.methods import METHODS
 
     fields: list = [
-        ("name", Literal[tuple(METHODS)], field(default="pbr")),
+        # The default method is the one the paper proposes.
+        ("name", Literal[tuple(METHODS)], field(default=next(n for n, c in METHODS.items() if c.role == "ours"))),
         ("buffer_size", int, _key(_non_negative, "an integer >= 0", default=200)),
     ]
     shared: dict[str, Any] = {}
