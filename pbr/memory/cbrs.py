@@ -23,13 +23,9 @@ class ClassBalancingReservoir(LabelCounts):
     def place(self, label: int, u: list[float]) -> int:
         cap, slots, seen = self.buffer.capacity, self.slots, self.class_seen
         seen[label] += 1
-        if len(slots) < cap:
-            slots.append(label)
-            slot = len(slots) - 1
-        else:
-            stored = [0] * len(seen)
-            for c in slots:
-                stored[c] += 1
+        slot = self.take_free_slot(label)
+        if slot is None:
+            stored = self.stored()
             if label not in self.full:
                 most = max(stored)
                 victim = pick([c for c, m in enumerate(stored) if m == most], u[0])
@@ -40,9 +36,7 @@ class ClassBalancingReservoir(LabelCounts):
             slot = pick([i for i, c in enumerate(slots) if c == victim], u[1])
             slots[slot] = label
         if len(slots) == cap:
-            stored = [0] * len(seen)
-            for c in slots:
-                stored[c] += 1
+            stored = self.stored()
             most = max(stored)
             self.full |= {c for c, m in enumerate(stored) if m == most}
         return slot

@@ -27,6 +27,20 @@ class LabelCounts(Memory):
         """The slot for a sample of `label` (capacity: not stored); updates class_seen and slots."""
         raise NotImplementedError
 
+    def take_free_slot(self, label: int) -> int | None:
+        """The next free slot, now holding `label`; None once the memory is full."""
+        if len(self.slots) < self.buffer.capacity:
+            self.slots.append(label)
+            return len(self.slots) - 1
+        return None
+
+    def stored(self) -> list[int]:
+        """The samples of each class the memory holds."""
+        counts = [0] * len(self.class_seen)
+        for c in self.slots:
+            counts[c] += 1
+        return counts
+
     def offer(self, images, labels, tasks, logits=None) -> None:
         u = torch.rand(labels.shape[0], self.uniforms, dtype=torch.float64, generator=self.generator,
                        device=self.buffer.device).tolist()

@@ -24,14 +24,10 @@ class PartitioningReservoir(LabelCounts):
 
     def place(self, label: int, u: list[float]) -> int:
         cap, slots, seen = self.buffer.capacity, self.slots, self.class_seen
-        slot = cap
-        if len(slots) < cap:
-            slots.append(label)
-            slot = len(slots) - 1
-        else:
-            stored = [0] * len(seen)
-            for c in slots:
-                stored[c] += 1
+        slot = self.take_free_slot(label)
+        if slot is None:
+            slot = cap
+            stored = self.stored()
             in_memory = [c for c, m in enumerate(stored) if m > 0]
             total = sum(seen[c] ** self.rho for c in in_memory)
             share = {c: seen[c] ** self.rho / total for c in in_memory}
