@@ -10,6 +10,8 @@ import torch
 ORDERS = ("uncertain_first", "certain_first", "random", "uncertain_weighted", "certain_weighted")
 RANKS = ("task", "class")
 CANDIDATES = ("hold", "advance")
+EVICTIONS = ("random", "certain", "uncertain")  # which stored sample an accepted one replaces
+POOLS = ("task", "buffer_and_task")  # what the end-of-task walk runs over
 
 
 def sample_in_probability(n_steps: int, class_counts: torch.Tensor, capacity: int, start: int = 0) -> torch.Tensor:

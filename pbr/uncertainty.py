@@ -75,13 +75,15 @@ def score_images(
     preprocess: Callable[[torch.Tensor], torch.Tensor],
     generator: torch.Generator,
     classes: torch.Tensor | None = None,
+    dropout: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(MI [N], entropy [N]) of every image, on the net's device.
 
-    The backbone runs in eval mode (BN uses running statistics); only the head is sampled.
+    The backbone runs in eval mode (BN uses running statistics); only the head is sampled, at the
+    head's own dropout rate or at `dropout` (see score_and_predict).
     Images move to the net's device batch by batch, as uint8, before `preprocess`.
     """
-    mi, ent, _ = score_and_predict(net, images_uint8, T, tau, batch_size, preprocess, generator, classes)
+    mi, ent, _ = score_and_predict(net, images_uint8, T, tau, batch_size, preprocess, generator, classes, dropout)
     return mi, ent
 
 

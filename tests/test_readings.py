@@ -4,6 +4,8 @@ normalisation, weight imprinting, and the reservoir that counts each sample once
 
 import math
 
+import pytest
+
 import torch
 import torch.nn.functional as F
 
@@ -286,3 +288,163 @@ def test_mi_scored_by_the_previous_tasks_model():
         top = want[mi_model].sort(descending=True).values[: stored.numel()]
         assert torch.allclose(stored.sort(descending=True).values, top.to(stored.dtype)), mi_model
     assert not torch.allclose(runs["final"][1]["final"], runs["final"][1]["teacher"])
+
+
+# ------------------------------------------------- which sample leaves, the pool, the scoring's dropout
+
+def _ids(ids):
+    """Images whose every pixel is the sample's id, so a stored image says which sample it is."""
+    return torch.tensor(ids, dtype=torch.uint8).view(-1, 1, 1, 1).expand(len(ids), 3, 2, 2).contiguous()
+
+
+def _stored(capacity, ids, scores):
+    """A full buffer holding samples `ids` of task 0 with these stored scores."""
+    from pbr.buffer import Buffer
+
+    buf = Buffer(capacity, (3, 2, 2), 4, torch.device("cpu"))
+    n = len(ids)
+    buf.write(torch.arange(n), _ids(ids), torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64),
+              scores=torch.tensor(scores))
+    buf.size = n
+    return buf
+
+
+def _held(buf):
+    return buf.images[: len(buf), 0, 0, 0].tolist(), [round(v, 6) for v in buf.scores[: len(buf)].tolist()]
+
+
+def test_evict_by_stored_score_replaces_the_lowest_or_highest_slot():
+    """Buffer of 3 full of samples 10, 11, 12 with stored MI 0.4, 0.1, 0.7; the task's samples 1 and
+    2 (MI 0.5, 0.2) walked most uncertain first. No offset: P_1 = 3, P_2 = 1.5, both accepted.
+    certain: 1 replaces the lowest (slot 1, 0.1), then 2 the lowest left (slot 0, 0.4).
+    uncertain: 1 replaces the highest (slot 2, 0.7); the highest is then 1's own 0.5, so 2 replaces it."""
+    from pbr.memory.walk import UncertaintyWalk
+
+    want = {"certain": ([2, 1, 12], [0.2, 0.5, 0.7]), "uncertain": ([10, 11, 2], [0.4, 0.1, 0.2])}
+    for evict, held in want.items():
+        buf = _stored(3, [10, 11, 12], [0.4, 0.1, 0.7])
+        walk = UncertaintyWalk(buf, torch.Generator().manual_seed(0), order="uncertain_first", candidate="hold",
+                               evict=evict)
+        accepted = walk.walk(_ids([1, 2]), torch.tensor([1, 1]), torch.ones(2, dtype=torch.int64),
+                             torch.tensor([0.5, 0.2]), torch.tensor([]))
+        assert accepted.tolist() == [True, True]
+        assert _held(buf) == held, evict
+        assert buf.tasks.tolist() == ([1, 1, 0] if evict == "certain" else [0, 0, 1])
+
+
+def test_evict_random_placed_one_by_one_equals_the_vectorised_walk():
+    """The one-acceptance-at-a-time placement (used by evict certain/uncertain and the pool) with a
+    random slot and nothing stored in the pool writes exactly what the default vectorised walk does:
+    free slots in walk order, then the drawn random slots, a later write winning."""
+    from pbr.memory.walk import UncertaintyWalk
+
+    g = torch.Generator().manual_seed(7)
+    ids, scores = list(range(40)), torch.rand(40, generator=g)
+    labels = torch.arange(40) % 4
+    bufs = []
+    for stored in (None, torch.full((40,), -1)):
+        buf = _stored(8, [100, 101, 102], [0.3, 0.2, 0.1])
+        walk = UncertaintyWalk(buf, torch.Generator().manual_seed(3), order="uncertain_weighted", candidate="hold")
+        walk.walk(_ids(ids), labels, torch.ones(40, dtype=torch.int64), scores, torch.tensor([5.0, 9.0]), stored=stored)
+        bufs.append(buf)
+    assert len(bufs[0]) == 8 and _held(bufs[0]) == _held(bufs[1])
+    assert any(i < 100 for i in _held(bufs[0])[0]) and len(set(_held(bufs[0])[0])) == 8
+
+
+class _Rescorer:
+    """A learner whose model scores each sample by its id (as the model just fitted would)."""
+
+    def __init__(self, mi):
+        self.mi, self.calls = mi, []
+
+    def memory_scores(self, task, images, labels):
+        ids = images[:, 0, 0, 0].tolist()
+        self.calls.append(ids)
+        return torch.tensor([self.mi[i] for i in ids])
+
+
+def test_walk_over_buffer_and_task_rescores_the_stored_samples_and_drops_an_old_one():
+    """Buffer of 3: samples 10, 11, 12 with stale MI 0.9, 0.8, 0.2. The model now scores them 0.1,
+    0.8, 0.6, and the task's samples 1, 2 at 0.5, 0.3; most uncertain first, hold, evict certain, no
+    offset (P_N = 3 / N).
+    task: the walk over 1, 2 (P 3, 1.5) stores 1 over 12 (stale 0.2), then 2 over 1 (0.5): 10 stays
+    with its stale 0.9.
+    buffer_and_task: the walk over 11, 12, 1, 2, 10 (P 3, 1.5, 1, 0.75, 0.6): steps 1 and 2 accept
+    11 and 12, stored already, so nothing is written (writing them again would evict 10 and then
+    12); step 3 stores 1 over the lowest re-scored slot, 10's (0.1); the seed's u_4 >= 0.75 and
+    u_5 >= 0.6 reject 2 and 10. The old 10 has left for the new 1; 11 and 12 hold their new MI."""
+    from pbr.memory.base import TaskEnd
+    from pbr.memory.walk import UncertaintyWalk
+
+    mi = {10: 0.1, 11: 0.8, 12: 0.6, 1: 0.5, 2: 0.3}
+    seed = 0
+    u = torch.rand(5, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    assert u[3] >= 0.75 and u[4] >= 0.6, u  # the draws this hand computation takes
+    want = {"task": (([10, 11, 2], [0.9, 0.8, 0.3]), [[1, 2]]),
+            "buffer_and_task": (([1, 11, 12], [0.5, 0.8, 0.6]), [[10, 11, 12, 1, 2]])}
+    for pool, (held, calls) in want.items():
+        buf = _stored(3, [10, 11, 12], [0.9, 0.8, 0.2])
+        learner = _Rescorer(mi)
+        walk = UncertaintyWalk(buf, torch.Generator().manual_seed(seed), learner, order="uncertain_first",
+                               candidate="hold", evict="certain", pool=pool)
+        walk.end_task(TaskEnd(learner, 1, _ids([1, 2]), torch.tensor([2, 2])))
+        assert _held(buf) == held, pool
+        assert learner.calls == calls, pool  # one scoring call: the buffer's samples with the task's
+        assert walk.task_counts == [2] and walk.class_counts.tolist() == [0, 0, 2, 0]  # the stream: the task only
+
+
+def test_walk_over_buffer_and_task_scores_both_with_the_model_just_fitted():
+    """PBR with walk_pool buffer_and_task: after task 1 every stored score is what the model just
+    fitted gives the buffer's and the task's samples scored together, in one call."""
+    from pbr.uncertainty import score_images
+
+    tasks = _uneven_tasks()
+    m, ctx = _setup("pbr", walk_pool="buffer_and_task", evict="certain")
+    _finish_tasks(m, tasks[:1])
+    n = len(m.buffer)
+    old = m.buffer.images[:n].clone()
+    images, labels = tasks[1]
+    m.begin_task(1, images, labels)
+    fit_task(m, images, labels, 1, 8)
+    state = ctx.generator.get_state()
+    pool = torch.cat([old, images])
+    want, _ = score_images(m.net, pool, m.opts.mc_samples, m.mi_temperature(), ctx.eval_batch_size, ctx.preprocess,
+                           ctx.generator, classes=ctx.seen_classes(1))
+    ctx.generator.set_state(state)
+    m.end_task(1, images, labels)
+    key = {bytes(x.numpy().tobytes()): s for x, s in zip(pool, want.tolist())}
+    got = m.buffer.scores[: len(m.buffer)].tolist()
+    assert [key[bytes(x.numpy().tobytes())] for x in m.buffer.images[: len(m.buffer)]] == pytest.approx(got)
+    assert len(m.buffer) == n  # the buffer stays full
+
+
+def test_mc_dropout_sets_the_scoring_rate_and_auto_is_the_trained_one():
+    """auto scores at the head's trained rate (PBR: 0.1), so it equals mc_dropout 0.1 draw for draw;
+    another rate changes the scores. A head trained without dropout (rate 0) gives T identical passes
+    under auto, so every MI is exactly 0; mc_dropout 0.3 makes them differ."""
+    images, labels = _task(0)
+
+    def scores(rate, trained=None):
+        m, ctx = _setup("pbr", mc_dropout=rate)
+        if trained is not None:
+            m.net.head.p = trained
+        ctx.generator.manual_seed(11)
+        return m.memory_scores(0, images, labels)
+
+    assert _setup("pbr")[0].net.head.p == 0.1
+    auto, same, other = scores("auto"), scores(0.1), scores(0.5)
+    assert torch.equal(auto, same) and not torch.allclose(auto, other)
+    assert torch.equal(scores("auto", trained=0.0), torch.zeros(24))
+    assert (scores(0.3, trained=0.0) > 0).any()
+
+
+def test_new_readings_name_their_rows_and_refuse_bad_values():
+    from pbr.methods.pbr import PBR
+
+    own = {"evict": "random", "walk_pool": "task", "mc_dropout": "auto", "mc_samples": "20"}
+    for key, value, label in (("evict", "certain", "evict certain"),
+                              ("walk_pool", "buffer_and_task", "walk over buffer and task"),
+                              ("mc_dropout", "0.3", "MC dropout 0.3"), ("mc_samples", "50", "T 50")):
+        assert PBR.variant_labels({**own, key: value}, own) == [label]
+    check = {s.key: s.check for s in PBR.settings}
+    assert check["mc_dropout"](0.3) and not check["mc_dropout"](1.0) and not check["mc_dropout"](0.0)

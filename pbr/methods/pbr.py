@@ -62,6 +62,16 @@ class PBR(ContinualMethod):
         Setting("mi_model", Literal["final", "teacher"], "final",
                 "the MI is scored by the model just fitted (final) or the previous task's (teacher)",
                 label=lambda v: f"MI of the {v}"),
+        # Which stored sample leaves a full buffer, what the walk runs over, the scoring's dropout.
+        Setting("evict", Literal["random", "certain", "uncertain"], "random",
+                "an accepted sample replaces a random slot, or the stored sample of lowest (certain) or highest "
+                "(uncertain) stored MI", label=lambda v: f"evict {v}"),
+        Setting("walk_pool", Literal["task", "buffer_and_task"], "task",
+                "the walk runs over the task's samples, or over the buffer's and the task's, all re-scored",
+                label=lambda v: "walk over " + v.replace("_", " ")),
+        Setting("mc_dropout", float | Auto, "auto", "the head's dropout rate while the MI is scored",
+                lambda v: 0 < v < 1, "a number in (0, 1) or auto (the trained model's dropout)",
+                label=lambda v: f"MC dropout {v}"),
         Setting("walk_candidate", Literal["auto", "advance", "hold"], "auto",
                 "a rejected candidate is retried (hold, the paper's text) or passed over (advance)", label=str),
         Setting("walk_count", Literal["task", "stream"], "task", "N of the sample-in probability",
@@ -82,7 +92,7 @@ class PBR(ContinualMethod):
         Setting("replay_ce", bool, True, "cross-entropy on buffer samples too",
                 label=lambda v: "no replay CE" if v == "False" else "replay CE"),
         Setting("mc_samples", int, 20, "T, MC-dropout samples of the head", positive,
-                "a positive integer (T, MC-dropout samples)"),
+                "a positive integer (T, MC-dropout samples)", label=lambda v: f"T {v}"),
         RESERVOIR,  # sampling: reservoir only
     )
     # What "auto" means for the open points under each preset (docs/method.md gives the evidence).
@@ -140,7 +150,7 @@ class PBR(ContinualMethod):
             return Reservoir(buffer, self.ctx.generator, self)
         return UncertaintyWalk(buffer, self.ctx.generator, self, order=o.buffer_order, candidate=o.walk_candidate,
                                count=o.walk_count, offset=o.offset, power=o.mi_power, rank=o.walk_rank,
-                               outliers=o.mi_outliers)
+                               outliers=o.mi_outliers, evict=o.evict, pool=o.walk_pool)
 
     def _old_classes(self) -> torch.Tensor:
         return torch.cat(self.ctx.task_classes[: self.task])
@@ -206,12 +216,14 @@ class PBR(ContinualMethod):
 
     @torch.no_grad()
     def memory_scores(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The walk's order: the MC-dropout MI of the task's samples."""
+        """The walk's order: the MC-dropout MI of the task's samples (and of the buffer's, when the
+        walk runs over both), at the head's trained dropout rate or at mc_dropout."""
         o = self.opts
         # The first task has no earlier model: its own scores it under either reading.
         scorer = self.teacher if o.mi_model == "teacher" and self.teacher is not None else self.net
         mi, _ = score_images(scorer, images, o.mc_samples, self.mi_temperature(), self.ctx.eval_batch_size,
-                             self.ctx.preprocess, self.ctx.generator, classes=self.ctx.seen_classes(task))
+                             self.ctx.preprocess, self.ctx.generator, classes=self.ctx.seen_classes(task),
+                             dropout=None if o.mc_dropout == "auto" else float(o.mc_dropout))
         return mi
 
     def snapshot_teacher(self) -> None:
