@@ -140,6 +140,10 @@ READINGS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "walk_rank": ("rank-", ("task", "class")),
     "mi_outliers": ("out", (0.0, 0.05)),
     "mi_model": ("mi-", ("final", "teacher")),
+    "evict": ("evict-", ("random", "certain", "uncertain")),
+    "walk_pool": ("pool-", ("task", "buffer_and_task")),
+    "mc_dropout": ("mcdrop", ("auto", 0.3)),
+    "mc_samples": ("T", (20, 50)),
 }
 
 
