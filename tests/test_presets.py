@@ -110,3 +110,18 @@ def test_scoring_follows_the_trained_run_not_todays_params(trained, tmp_path):
     other = _scores(trained, tmp_path / "d", _stage_cfg(trained, score={"temperature": 0.5}))
     assert (as_trained["mi"] - explicit["mi"]).abs().max() < 1e-6
     assert (as_trained["mi"] - other["mi"]).abs().max() > 1e-3
+
+
+def test_the_scoring_dropout_is_the_rate_the_run_scored_its_walk_at():
+    """score.dropout auto asks the run's method: PBR scores at the rate its walk used (its
+    mc_dropout, else the trained rate); a method that never scores at its trained rate, and at 0.1
+    when it trained without dropout (MC dropout needs a rate)."""
+    from stages.pipeline.run_settings import RunSettings
+
+    def rate(**s):
+        return RunSettings.saved(s).score_dropout()
+
+    assert rate(method="pbr", dropout=0.1, mc_dropout="auto") == 0.1
+    assert rate(method="pbr", dropout=0.1, mc_dropout=0.3) == 0.3
+    assert rate(method="pbr", dropout=0.2) == 0.2  # saved before mc_dropout existed
+    assert rate(method="er", dropout=0.0) == 0.1 and rate(method="er", dropout=0.25) == 0.25

@@ -187,6 +187,12 @@ class ContinualMethod:
         return 20
 
     @classmethod
+    def score_dropout(cls, settings: dict[str, Any]) -> float:
+        """The head's dropout rate when a run of this method is scored (the score stage's `auto`):
+        the trained rate, or 0.1 for a network trained without dropout (MC dropout needs a rate)."""
+        return settings.get("dropout") or 0.1
+
+    @classmethod
     def setting_keys(cls) -> tuple[str, ...]:
         return tuple(s.key for s in cls.settings)
 

@@ -134,6 +134,11 @@ class PBR(ContinualMethod):
         return int(settings["mc_samples"])  # the T the walk scored with
 
     @classmethod
+    def score_dropout(cls, settings: dict[str, Any]) -> float:
+        rate = settings.get("mc_dropout", "auto")  # the rate the walk scored at
+        return super().score_dropout(settings) if rate == "auto" else float(rate)
+
+    @classmethod
     def reads(cls, key: str, settings: dict[str, Any]) -> bool:
         if key == "reservoir":
             return settings.get("sampling") == "reservoir"

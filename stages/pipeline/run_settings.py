@@ -80,6 +80,10 @@ class RunSettings:
         """The MC-dropout softmax temperature the run's method scores at (the score stage's auto)."""
         return self.method.score_temperature(self.values)
 
+    def score_dropout(self) -> float:
+        """The head's dropout rate the run's method scores at (the score stage's auto)."""
+        return self.method.score_dropout(self.values)
+
     def score_samples(self) -> int:
         """T, the MC-dropout passes the run's method scores with (the score stage's auto)."""
         return self.method.score_samples(self.values)

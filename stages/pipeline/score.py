@@ -158,9 +158,9 @@ def _setup(cfg) -> tuple[_Scoring, Path]:
     mean, std = MEAN_STD[manifest["dataset"]]
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     final, saved = load_method(last, manifest, device, gen)
-    dropout = cfg.score.dropout if cfg.score.dropout != "auto" else (saved["dropout"] or 0.1)
     # auto: the method says, from the trained run's own settings (not today's params.yaml)
     run = RunSettings.saved(saved["settings"])
+    dropout = cfg.score.dropout if cfg.score.dropout != "auto" else run.score_dropout()
     tau = cfg.score.temperature if cfg.score.temperature != "auto" else run.score_temperature()
     samples = cfg.score.mc_samples if cfg.score.mc_samples != "auto" else run.score_samples()
     return _Scoring(manifest, device, gen, final, samples, tau, cfg.train.eval_batch_size, dropout,
