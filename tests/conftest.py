@@ -54,3 +54,10 @@ def finished(tmp_path_factory):
 def pytest_collection_modifyitems(items):
     # The longest test (two DVC queue workers) first, so pytest-xdist's workers finish together.
     items.sort(key=lambda item: item.get_closest_marker("longest") is None)
+
+
+def pytest_xdist_auto_num_workers(config):
+    # `-n auto`: one worker more than the cores. The end-to-end tests spend part of their time
+    # waiting on other processes (DVC's queue polls, MLflow servers, git and dvc subprocesses), and a
+    # third worker on CI's two cores runs other tests in those gaps (docs/benchmarks.md, CI time).
+    return (os.cpu_count() or 1) + 1
