@@ -48,6 +48,7 @@ def fit_task(
             total += loss * idx.shape[0]
             if on_batch is not None:
                 on_batch(idx.shape[0])
+        method.end_epoch(epoch, epochs)
         s = EpochStats(epoch, (total / max(n, 1)).item(), method.correct.item() / max(n, 1), n)
         stats.append(s)
         if on_epoch is not None:

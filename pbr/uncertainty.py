@@ -1,4 +1,5 @@
-"""MC-dropout uncertainty (BALD mutual information) with only the head sampled.
+"""MC-dropout uncertainty (BALD mutual information) with the head sampled (and optionally the
+backbone's last feature map, mc_features).
 
 Dropout sits right before the classifier, so the backbone feature is computed once and the T
 stochastic passes reduce to T masked copies of one [B, D] embedding: one [T*B, D] matmul.
@@ -26,27 +27,45 @@ def mc_probs(
     """softmax(logits / tau) under T independent head-dropout masks: [T, B, C'].
 
     Same rate and 1/(1-p) scaling as nn.Dropout. `classes` (LongTensor) restricts the softmax
-    to those columns, in that order (e.g. the classes seen so far).
+    to those columns, in that order (e.g. the classes seen so far). `feats` is one [B, D] feature
+    for every pass, or [T, B, D], one per pass (backbone dropout: mc_features).
     """
     if T < 1:
         raise ValueError(f"T must be >= 1, got {T}")
     if not tau > 0:
         raise ValueError(f"tau must be > 0, got {tau}")
-    if feats.dim() != 2:
-        raise ValueError(f"feats must be [B, D], got shape {tuple(feats.shape)}")
+    if feats.dim() != 2 and not (feats.dim() == 3 and feats.shape[0] == T):
+        raise ValueError(f"feats must be [B, D] or [T, B, D], got shape {tuple(feats.shape)}")
     head = net.head
     z = head.embed(feats)
-    B, D = z.shape
+    B, D = z.shape[-2:]
     if head.p > 0:
         check_generator(generator, z.device)
         keep = torch.rand((T, B, D), generator=generator, device=z.device, dtype=z.dtype) >= head.p
-        z_t = z.unsqueeze(0) * keep * (1.0 / (1.0 - head.p))
+        z_t = (z.unsqueeze(0) if z.dim() == 2 else z) * keep * (1.0 / (1.0 - head.p))
     else:
-        z_t = z.unsqueeze(0).expand(T, B, D)
+        z_t = z.unsqueeze(0).expand(T, B, D) if z.dim() == 2 else z
     logits = head.project(z_t.reshape(T * B, D)).reshape(T, B, -1)
     if classes is not None:
         logits = logits.index_select(-1, classes.to(logits.device))
     return torch.softmax(logits / tau, dim=-1)
+
+
+def mc_features(net: Net, fmap: torch.Tensor, T: int, p: float, generator: torch.Generator) -> torch.Tensor:
+    """The pooled feature under T independent dropout masks on the backbone's last feature map
+    [B, C, H, W] (rate p, 1/(1-p) scaling as nn.Dropout): [T, B, C]. Every layer before that map is
+    deterministic in eval mode, so the T passes share one backbone pass; the masks are drawn one
+    pass at a time ([B, C, H, W] each) to keep the memory of one map."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"p must be in [0, 1), got {p}")
+    if p == 0.0:
+        return net.backbone.pool(fmap).unsqueeze(0).expand(T, -1, -1)
+    check_generator(generator, fmap.device)
+    passes = []
+    for _ in range(T):
+        keep = torch.rand(fmap.shape, generator=generator, device=fmap.device, dtype=fmap.dtype) >= p
+        passes.append(net.backbone.pool(fmap * keep * (1.0 / (1.0 - p))))
+    return torch.stack(passes)
 
 
 def predictive_entropy(p: torch.Tensor) -> torch.Tensor:
@@ -76,14 +95,17 @@ def score_images(
     generator: torch.Generator,
     classes: torch.Tensor | None = None,
     dropout: float | None = None,
+    backbone: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(MI [N], entropy [N]) of every image, on the net's device.
 
     The backbone runs in eval mode (BN uses running statistics); only the head is sampled, at the
-    head's own dropout rate or at `dropout` (see score_and_predict).
+    head's own dropout rate or at `dropout` (see score_and_predict), and with `backbone` the last
+    feature map too, at the same rate (mc_features).
     Images move to the net's device batch by batch, as uint8, before `preprocess`.
     """
-    mi, ent, _ = score_and_predict(net, images_uint8, T, tau, batch_size, preprocess, generator, classes, dropout)
+    mi, ent, _ = score_and_predict(net, images_uint8, T, tau, batch_size, preprocess, generator, classes, dropout,
+                                   backbone)
     return mi, ent
 
 
@@ -97,10 +119,12 @@ def score_and_predict(
     generator: torch.Generator,
     classes: torch.Tensor | None = None,
     dropout: float | None = None,
+    backbone: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """score_images plus the deterministic prediction (dropout off, argmax over `classes`, as
     original class indices). `dropout` overrides the head's rate for the MC passes only (MC
-    dropout on a network trained without dropout)."""
+    dropout on a network trained without dropout). `backbone`: the passes drop elements of the
+    backbone's last feature map as well, at the same rate, drawn before the head's masks."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     device = next(net.parameters()).device
@@ -112,7 +136,8 @@ def score_and_predict(
         with torch.inference_mode():
             for start in range(0, images_uint8.shape[0], batch_size):
                 x = images_uint8[start : start + batch_size].to(device, non_blocking=True)
-                feats = net.features(preprocess(x))
+                fmap = net.backbone.feature_map(preprocess(x)) if backbone else None
+                feats = net.features(preprocess(x)) if fmap is None else net.backbone.pool(fmap)
                 logits = net.classify(feats)
                 if classes is not None:
                     pred = classes.to(device)[logits.index_select(1, classes.to(device)).argmax(1)]
@@ -120,6 +145,8 @@ def score_and_predict(
                     pred = logits.argmax(1)
                 if dropout is not None:
                     net.head.p = dropout
+                if fmap is not None:
+                    feats = mc_features(net, fmap, T, net.head.p, generator)
                 probs = mc_probs(net, feats, T, tau, generator, classes)
                 net.head.p = saved_p
                 mi, ent = mutual_information(probs)

@@ -2,6 +2,7 @@
 (docs/method.md lists them): the walk's offset counts, the MI's logit scale, the KL's
 normalisation, weight imprinting, and the reservoir that counts each sample once."""
 
+import copy
 import math
 
 import pytest
@@ -11,8 +12,10 @@ import torch.nn.functional as F
 
 from pbr.selection import sample_in_probability
 from pbr.loop import fit_task
-from pbr.uncertainty import mc_probs, mutual_information
-from test_methods import _setup, _task
+from pbr.data.augment import normalize
+from pbr.models.net import Net
+from pbr.uncertainty import mc_features, mc_probs, mutual_information, score_and_predict, score_images
+from test_methods import MEAN, STD, _run_tasks, _setup, _task
 
 
 def _uneven_tasks():
@@ -448,3 +451,112 @@ def test_new_readings_name_their_rows_and_refuse_bad_values():
         assert PBR.variant_labels({**own, key: value}, own) == [label]
     check = {s.key: s.check for s in PBR.settings}
     assert check["mc_dropout"](0.3) and not check["mc_dropout"](1.0) and not check["mc_dropout"](0.0)
+
+
+# --- mi_epochs: the MI averaged over the models at the ends of the task's last epochs -------------
+
+
+def _recording(method):
+    """Wraps end_epoch and memory_scores: a snapshot (net, generator state) at every scoring point,
+    and the scores the walk got."""
+    snaps, got = [], []
+    end_epoch, memory_scores = method.end_epoch, method.memory_scores
+
+    def at_epoch_end(epoch, epochs):
+        snaps.append((epoch, copy.deepcopy(method.net), method.ctx.generator.get_state()))
+        end_epoch(epoch, epochs)
+
+    def scores(task, images, labels):
+        snaps.append(("end", copy.deepcopy(method.net), method.ctx.generator.get_state()))
+        got.append(memory_scores(task, images, labels))
+        return got[-1]
+
+    method.end_epoch, method.memory_scores = at_epoch_end, scores
+    return snaps, got
+
+
+def _mi_of(method, net, state, task, images):
+    g = torch.Generator().manual_seed(123)
+    g.set_state(state)
+    mi, _ = score_images(net, images, method.opts.mc_samples, method.mi_temperature(), method.ctx.eval_batch_size,
+                         method.ctx.preprocess, g, classes=method.ctx.seen_classes(task))
+    return mi
+
+
+def test_mi_epochs_two_is_the_mean_of_the_last_two_epochs_models():
+    images, labels = _task(0)
+    method, _ = _setup("pbr", mi_epochs=2)
+    snaps, got = _recording(method)
+    method.begin_task(0, images, labels)
+    torch.manual_seed(0)  # the head's training dropout draws from the global generator
+    fit_task(method, images, labels, 3, 8)
+    method.end_task(0, images, labels)
+    # Epoch ends 0, 1, 2, then the task's end; the model of epoch 1's end and the final one count.
+    assert [s[0] for s in snaps] == [0, 1, 2, "end"]
+    a = _mi_of(method, snaps[1][1], snaps[1][2], 0, images)
+    b = _mi_of(method, snaps[3][1], snaps[3][2], 0, images)
+    assert not torch.equal(a, b)  # the two models differ
+    assert torch.equal(got[0], (a + b) / 2)
+    # The earlier epoch's scoring gives its draws back: training is the same as under mi_epochs 1.
+    once, _ = _setup("pbr")
+    once.begin_task(0, images, labels)
+    torch.manual_seed(0)
+    fit_task(once, images, labels, 3, 8)
+    assert all(torch.equal(p, q) for p, q in zip(method.net.parameters(), once.net.parameters()))
+
+
+@pytest.mark.parametrize("k, calls", [(1, 2), (2, 4), (5, 6)])
+def test_mi_epochs_scores_only_the_last_epochs_and_at_most_all(monkeypatch, k, calls):
+    """Two tasks of 3 epochs: one scoring call a task by default (as before mi_epochs existed), k
+    with mi_epochs k, the task's 3 epochs when k is larger."""
+    import pbr.methods.pbr as pbr_module
+
+    n = []
+    real = pbr_module.score_images
+    monkeypatch.setattr(pbr_module, "score_images", lambda *a, **kw: n.append(1) or real(*a, **kw))
+    method, ctx = _setup("pbr", mi_epochs=k)
+    _run_tasks(method, ctx, epochs=3)
+    assert len(n) == calls
+
+
+def test_mi_epochs_refuses_the_teacher_and_the_buffer_pool():
+    from pbr.methods.pbr import PBR
+
+    assert "mi_model" in PBR.refuse({"mi_epochs": 2, "mi_model": "teacher", "walk_pool": "task"})
+    assert "walk_pool" in PBR.refuse({"mi_epochs": 3, "mi_model": "final", "walk_pool": "buffer_and_task"})
+    assert PBR.refuse({"mi_epochs": 1, "mi_model": "teacher", "walk_pool": "buffer_and_task"}) is None
+
+
+# --- mc_backbone: MC dropout on the backbone's last feature map too ------------------------------
+
+
+def test_backbone_dropout_varies_the_feature_and_gives_mi_where_the_head_gives_none():
+    net = Net(3, width=4, head="linear", dropout=0.0, generator=torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(0)
+    # A map of ones [1, 2, 2, 1]: at p = 0.5 each kept element is 2, so a pooled entry is the mean
+    # of two draws from {0, 2}: 0, 1 or 2, and a pass's feature differs from pass to pass.
+    feats = mc_features(net, torch.ones(1, 2, 2, 1), 16, 0.5, g)
+    assert feats.shape == (16, 1, 2)
+    assert set(feats.flatten().tolist()) <= {0.0, 1.0, 2.0}
+    assert len({tuple(f.flatten().tolist()) for f in feats}) > 1
+    assert torch.equal(mc_features(net, torch.ones(1, 2, 2, 1), 4, 0.0, g), torch.ones(4, 1, 2))
+    # Head dropout 0: one feature for every pass gives MI 0 (to rounding), a feature per pass does not.
+    x = torch.randn(5, 32, generator=g) * 3
+    fmap = torch.relu(x).reshape(5, 32, 1, 1).expand(5, 32, 2, 2).contiguous()
+    head_only, _ = mutual_information(mc_probs(net, net.backbone.pool(fmap), 8, 1.0, g))
+    with_backbone, _ = mutual_information(mc_probs(net, mc_features(net, fmap, 8, 0.5, g), 8, 1.0, g))
+    assert head_only.abs().max() < 1e-6
+    assert (with_backbone > 1e-3).all()
+
+
+def test_mc_backbone_in_the_scorer_keeps_the_prediction_and_changes_the_mi():
+    net = Net(4, width=4, head="cosine", dropout=0.1, generator=torch.Generator().manual_seed(1))
+    images, _ = _task(0, n=10)
+    args = (net, images, 6, 1.0, 4, lambda x: normalize(x, MEAN, STD))
+    head_mi, _, head_pred = score_and_predict(*args, torch.Generator().manual_seed(2))
+    both_mi, _, both_pred = score_and_predict(*args, torch.Generator().manual_seed(2), backbone=True)
+    assert torch.equal(head_pred, both_pred)  # the prediction never drops anything
+    assert not torch.allclose(head_mi, both_mi)
+    # The default is the head-only scorer: the PBR setting left alone calls it as before.
+    method, _ = _setup("pbr")
+    assert method.opts.mc_backbone is False and method.opts.mi_epochs == 1

@@ -230,6 +230,9 @@ class ContinualMethod:
     def begin_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def end_epoch(self, epoch: int, epochs: int) -> None:
+        """After the epoch's last step (`epochs`: the task's count; PBR's mi_epochs scores here)."""
+
     def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
         """One optimisation step on an augmented batch `x` (raw uint8 images in `raw`).
         Returns the detached loss (no host sync). The default: cross-entropy on the batch (plus

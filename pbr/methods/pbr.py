@@ -72,6 +72,11 @@ class PBR(ContinualMethod):
         Setting("mc_dropout", float | Auto, "auto", "the head's dropout rate while the MI is scored",
                 lambda v: 0 < v < 1, "a number in (0, 1) or auto (the trained model's dropout)",
                 label=lambda v: f"MC dropout {v}"),
+        # Which models the MI averages, and whether the backbone is sampled too.
+        Setting("mi_epochs", int, 1, "the MI is the mean of the models' at the end of the task's last mi_epochs epochs",
+                positive, "a positive integer (1: the final model only)", label=lambda v: f"MI over {v} epochs"),
+        Setting("mc_backbone", bool, False, "the MI's passes drop elements of the backbone's last feature map too",
+                label=lambda v: "MC dropout in the backbone" if v == "True" else "MC dropout in the head only"),
         Setting("walk_candidate", Literal["auto", "advance", "hold"], "auto",
                 "a rejected candidate is retried (hold, the paper's text) or passed over (advance)", label=str),
         Setting("walk_count", Literal["task", "stream"], "task", "N of the sample-in probability",
@@ -139,6 +144,14 @@ class PBR(ContinualMethod):
         return super().score_dropout(settings) if rate == "auto" else float(rate)
 
     @classmethod
+    def refuse(cls, settings: dict[str, Any]) -> str | None:
+        if settings.get("mi_epochs", 1) > 1 and settings.get("mi_model") == "teacher":
+            return "mi_epochs averages the models being fitted, and the teacher is not one: set mi_epochs: 1 or mi_model: final"
+        if settings.get("mi_epochs", 1) > 1 and settings.get("walk_pool") == "buffer_and_task":
+            return "mi_epochs scores the task's samples at each epoch's end, not the buffer's: set mi_epochs: 1 or walk_pool: task"
+        return super().refuse(settings)
+
+    @classmethod
     def reads(cls, key: str, settings: dict[str, Any]) -> bool:
         if key == "reservoir":
             return settings.get("sampling") == "reservoir"
@@ -148,6 +161,12 @@ class PBR(ContinualMethod):
         super().__init__(net, ctx, opts)
         self.teacher = None
         self.old_prototypes: torch.Tensor | None = None
+        # mi_epochs: the running sum of the MI at the ends of the task's last epochs but the final
+        # one, and how many it holds. Not saved: a run resumes at a task's start (a task is saved
+        # only once finished), so the sum always starts again from zero with the task.
+        self._task_images: torch.Tensor | None = None
+        self._mi_sum: torch.Tensor | None = None
+        self._mi_terms = 0
 
     def make_policy(self, buffer):
         o = self.opts
@@ -204,6 +223,7 @@ class PBR(ContinualMethod):
 
     def begin_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:
         super().begin_task(task, images, labels)
+        self._task_images, self._mi_sum, self._mi_terms = images, None, 0
         if self.opts.imprint and task > 0:
             imprint_weights(self.net, images, labels, self.ctx.task_classes[task], self._old_classes(),
                             self.ctx.preprocess, self.ctx.eval_batch_size)
@@ -219,16 +239,41 @@ class PBR(ContinualMethod):
         super().end_task(task, images, labels)  # the walk (sampling: walk)
         self.snapshot_teacher()
 
+    def end_epoch(self, epoch: int, epochs: int) -> None:
+        """mi_epochs K > 1: the model at the end of each of the task's last K epochs but the final
+        one is scored now (the final one at the task's end, memory_scores), the MI summed on the
+        device. Those scorings draw their masks from a copy of the generator's state, so training
+        sees the same draws as under K = 1 and the two readings differ by the MI alone."""
+        k = self.opts.mi_epochs
+        if k == 1 or self.opts.sampling != "walk" or not epochs - k <= epoch < epochs - 1:
+            return
+        g = self.ctx.generator
+        state = g.get_state()
+        mi = self._mi(self.net, self.task, self._task_images)
+        g.set_state(state)
+        self._mi_sum = mi if self._mi_sum is None else self._mi_sum + mi
+        self._mi_terms += 1
+
     @torch.no_grad()
     def memory_scores(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The walk's order: the MC-dropout MI of the task's samples (and of the buffer's, when the
-        walk runs over both), at the head's trained dropout rate or at mc_dropout."""
+        walk runs over both), at the head's trained dropout rate or at mc_dropout; under mi_epochs
+        the mean with the earlier epochs' (end_epoch)."""
         o = self.opts
         # The first task has no earlier model: its own scores it under either reading.
         scorer = self.teacher if o.mi_model == "teacher" and self.teacher is not None else self.net
+        mi = self._mi(scorer, task, images)
+        if self._mi_terms:
+            mi = (self._mi_sum + mi) / (self._mi_terms + 1)
+            self._mi_sum, self._mi_terms = None, 0
+        return mi
+
+    def _mi(self, scorer, task: int, images: torch.Tensor) -> torch.Tensor:
+        o = self.opts
         mi, _ = score_images(scorer, images, o.mc_samples, self.mi_temperature(), self.ctx.eval_batch_size,
                              self.ctx.preprocess, self.ctx.generator, classes=self.ctx.seen_classes(task),
-                             dropout=None if o.mc_dropout == "auto" else float(o.mc_dropout))
+                             dropout=None if o.mc_dropout == "auto" else float(o.mc_dropout),
+                             backbone=o.mc_backbone)
         return mi
 
     def snapshot_teacher(self) -> None:

@@ -54,7 +54,15 @@ class ResNet18(nn.Module):
             in_planes = planes
         self.layer1, self.layer2, self.layer3, self.layer4 = layers
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def feature_map(self, x: torch.Tensor) -> torch.Tensor:
+        """The last block's output [B, 8 * width, H, W], before the pooling (MC dropout on the
+        backbone drops its elements: pbr.uncertainty)."""
         out = F.relu(self.bn1(self.conv1(x)))
-        out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
-        return F.adaptive_avg_pool2d(out, 1).flatten(1)
+        return self.layer4(self.layer3(self.layer2(self.layer1(out))))
+
+    @staticmethod
+    def pool(fmap: torch.Tensor) -> torch.Tensor:
+        return F.adaptive_avg_pool2d(fmap, 1).flatten(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.feature_map(x))
