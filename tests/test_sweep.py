@@ -118,11 +118,11 @@ def test_cli_dry_run(tmp_path):
 
 def test_fidelity_grid_at_the_proxy_budget():
     runs = _plan("fidelity", seeds=3, budget="proxy")
-    # 33 cells a seed, by hand: ER at lr 0.03 and 0.1 (2); order x offset, 6 less params.yaml's
+    # 35 cells a seed, by hand: ER at lr 0.03 and 0.1 (2); order x offset, 6 less params.yaml's
     # task-offset random order (5); the one-at-a-time readings: kl, mi, tau1, alpha 2, beta 2, lr,
     # imprint, advance, N-stream, certain_weighted, mi_power 2, rank, outliers, teacher, evict 2,
-    # pool, mc_dropout, T (22); PBR, its two ablations and pbr-literal (4).
-    assert len(runs) == 3 * (2 + 5 + 22 + 4) and len({r.name for r in runs}) == len(runs)
+    # pool, mc_dropout, T, mi_epochs 5, mc_backbone (24); PBR, its two ablations and pbr-literal (4).
+    assert len(runs) == 3 * (2 + 5 + 24 + 4) and len({r.name for r in runs}) == len(runs)
     # No cell repeats another's settings (the order x offset cells skip params.yaml's own PBR).
     settings = [tuple(sorted((k, str(v)) for k, v in r.overrides.items())) for r in runs]
     assert len(set(settings)) == len(settings)

@@ -144,6 +144,8 @@ READINGS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "walk_pool": ("pool-", ("task", "buffer_and_task")),
     "mc_dropout": ("mcdrop", ("auto", 0.3)),
     "mc_samples": ("T", (20, 50)),
+    "mi_epochs": ("miep", (1, 5)),
+    "mc_backbone": ("mcbackbone-", (False, True)),
 }
 
 
