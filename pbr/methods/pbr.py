@@ -76,7 +76,7 @@ class PBR(ContinualMethod):
         Setting("mi_epochs", int, 1, "the MI is the mean of the models' at the end of the task's last mi_epochs epochs",
                 positive, "a positive integer (1: the final model only)", label=lambda v: f"MI over {v} epochs"),
         Setting("mc_backbone", bool, False, "the MI's passes drop elements of the backbone's last feature map too",
-                label=lambda v: "MC dropout in the backbone" if v == "True" else "MC dropout in the head only"),
+                label=lambda v: "MC dropout in the backbone" if str(v) == "True" else "MC dropout in the head only"),
         Setting("walk_candidate", Literal["auto", "advance", "hold"], "auto",
                 "a rejected candidate is retried (hold, the paper's text) or passed over (advance)", label=str),
         Setting("walk_count", Literal["task", "stream"], "task", "N of the sample-in probability",
