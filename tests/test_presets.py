@@ -125,3 +125,28 @@ def test_the_scoring_dropout_is_the_rate_the_run_scored_its_walk_at():
     assert rate(method="pbr", dropout=0.1, mc_dropout=0.3) == 0.3
     assert rate(method="pbr", dropout=0.2) == 0.2  # saved before mc_dropout existed
     assert rate(method="er", dropout=0.0) == 0.1 and rate(method="er", dropout=0.25) == 0.25
+
+
+def test_the_scoring_drops_in_the_backbone_where_the_runs_walk_did(trained, tmp_path):
+    """score_backbone asks the run's method: PBR's passes drop the backbone's last feature map when
+    its walk's did (mc_backbone), no other method's do. The same trained weights, saved once as
+    a run with mc_backbone false and once as one with true, score the same predictions and other MI."""
+    import torch
+
+    from stages.pipeline.run_settings import RunSettings
+
+    assert RunSettings.saved({"method": "pbr", "mc_backbone": True}).score_backbone() is True
+    assert RunSettings.saved({"method": "pbr", "mc_backbone": False}).score_backbone() is False
+    assert RunSettings.saved({"method": "pbr"}).score_backbone() is False  # saved before the key existed
+    assert RunSettings.saved({"method": "er"}).score_backbone() is False
+
+    run = shutil.copytree(trained, tmp_path / "run", symlinks=True)
+    head_only = _scores(run, tmp_path / "a", _stage_cfg(run))
+    for model in (run / "artifacts/train").glob("task_*/model.pt"):
+        saved = torch.load(model, map_location="cpu", weights_only=False)
+        assert saved["settings"]["mc_backbone"] is False
+        saved["settings"]["mc_backbone"] = True
+        torch.save(saved, model)
+    both = _scores(run, tmp_path / "b", _stage_cfg(run))
+    assert both["correct_final"].equals(head_only["correct_final"]) and both["correct_own"].equals(head_only["correct_own"])
+    assert (both["mi"] - head_only["mi"]).abs().max() > 1e-4

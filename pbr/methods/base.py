@@ -193,6 +193,12 @@ class ContinualMethod:
         return settings.get("dropout") or 0.1
 
     @classmethod
+    def score_backbone(cls, settings: dict[str, Any]) -> bool:
+        """Whether the MC passes, when a run of this method is scored, also drop elements of the
+        backbone's last feature map (pbr.uncertainty.mc_features): no, the head alone."""
+        return False
+
+    @classmethod
     def setting_keys(cls) -> tuple[str, ...]:
         return tuple(s.key for s in cls.settings)
 

@@ -144,6 +144,10 @@ class PBR(ContinualMethod):
         return super().score_dropout(settings) if rate == "auto" else float(rate)
 
     @classmethod
+    def score_backbone(cls, settings: dict[str, Any]) -> bool:
+        return str(settings.get("mc_backbone", False)) == "True"  # where the walk's passes dropped
+
+    @classmethod
     def refuse(cls, settings: dict[str, Any]) -> str | None:
         if settings.get("mi_epochs", 1) > 1 and settings.get("mi_model") == "teacher":
             return "mi_epochs averages the models being fitted, and the teacher is not one: set mi_epochs: 1 or mi_model: final"

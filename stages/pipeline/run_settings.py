@@ -87,3 +87,7 @@ class RunSettings:
     def score_samples(self) -> int:
         """T, the MC-dropout passes the run's method scores with (the score stage's auto)."""
         return self.method.score_samples(self.values)
+
+    def score_backbone(self) -> bool:
+        """Whether the run's method drops the backbone's last feature map too when it scores."""
+        return self.method.score_backbone(self.values)

@@ -22,7 +22,7 @@ COLUMNS = ("split", "index", "label", "task", "class_count", "mi", "entropy", "c
            "entropy_final", "correct_final")
 
 
-def _fingerprint(last, T, tau, batch_size, dropout, seed, device) -> str:
+def _fingerprint(last, T, tau, batch_size, dropout, backbone, seed, device) -> str:
     """What a scoring depends on: the trained run (its fingerprint and final weights), the
     scoring's settings and code. A killed scoring with the same fingerprint takes its tasks back."""
     run = json.loads((paths.TRAIN / "run.json").read_text()).get("fingerprint") if (
@@ -32,7 +32,7 @@ def _fingerprint(last, T, tau, batch_size, dropout, seed, device) -> str:
     for f in ("stages/pipeline/score.py", "pbr/uncertainty.py"):
         code.update((root / f).read_bytes())
     blob = json.dumps({"kind": "score", "run": run, "final": hashlib.sha256(last.read_bytes()).hexdigest(),
-                       "settings": [T, tau, batch_size, dropout, seed], "device": device.type,
+                       "settings": [T, tau, batch_size, dropout, backbone, seed], "device": device.type,
                        "code": code.hexdigest()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -65,7 +65,7 @@ def _take_back(fp: str, n_tasks: int) -> tuple[list[dict], int]:
     return parts, len(parts)
 
 
-def _score(method, images, T, tau, batch_size, pre, gen, classes, dropout, task, task_classes):
+def _score(method, images, T, tau, batch_size, pre, gen, classes, dropout, backbone, task, task_classes):
     """MC-dropout MI and entropy of the method's network, and the method's own prediction: Class-IL
     over `classes`, read off the same pass when the method predicts with its network; a method that
     uses the task identity predicts with it, over the sample's task's classes."""
@@ -78,7 +78,7 @@ def _score(method, images, T, tau, batch_size, pre, gen, classes, dropout, task,
         nan = torch.full((images.shape[0],), float("nan"), device=classes.device)
         mi, ent, pred = nan, nan.clone(), None
     else:
-        mi, ent, pred = score_and_predict(net, images, T, tau, batch_size, pre, gen, classes, dropout)
+        mi, ent, pred = score_and_predict(net, images, T, tau, batch_size, pre, gen, classes, dropout, backbone)
     if pred is None or not method.predicts_with_net:
         given = task if method.uses_task_identity else None
         among = task_classes if method.uses_task_identity else classes
@@ -102,6 +102,7 @@ class _Scoring:
     tau: float
     batch_size: int
     dropout: float
+    backbone: bool
     pre: Callable
 
     def task(self, k: int) -> dict:
@@ -123,8 +124,8 @@ class _Scoring:
             images = torch.from_numpy(s.images).permute(0, 3, 1, 2)
             labels = torch.from_numpy(s.labels).to(dev)
             args = (self.T, self.tau, self.batch_size, self.pre, self.gen)
-            mi, ent, pred = _score(own, images, *args, seen, self.dropout, k, own_classes)
-            mi_f, ent_f, pred_f = _score(self.final, images, *args, every, self.dropout, k, own_classes)
+            mi, ent, pred = _score(own, images, *args, seen, self.dropout, self.backbone, k, own_classes)
+            mi_f, ent_f, pred_f = _score(self.final, images, *args, every, self.dropout, self.backbone, k, own_classes)
             n = len(s.labels)
             cols["split"].append(np.full(n, split))
             cols["index"].append(s.indices)
@@ -164,7 +165,7 @@ def _setup(cfg) -> tuple[_Scoring, Path]:
     tau = cfg.score.temperature if cfg.score.temperature != "auto" else run.score_temperature()
     samples = cfg.score.mc_samples if cfg.score.mc_samples != "auto" else run.score_samples()
     return _Scoring(manifest, device, gen, final, samples, tau, cfg.train.eval_batch_size, dropout,
-                    lambda x: normalize(x, mean, std)), last
+                    run.score_backbone(), lambda x: normalize(x, mean, std)), last
 
 
 def run(cfg, log=print, tracker=None) -> dict:
@@ -174,7 +175,7 @@ def run(cfg, log=print, tracker=None) -> dict:
 
     sc, last = _setup(cfg)
     n_tasks = sc.manifest["n_tasks"]
-    fp = _fingerprint(last, sc.T, sc.tau, sc.batch_size, sc.dropout, cfg.seed, sc.device)
+    fp = _fingerprint(last, sc.T, sc.tau, sc.batch_size, sc.dropout, sc.backbone, cfg.seed, sc.device)
     parts, start = _take_back(fp, n_tasks)
     if start:
         sc.gen.set_state(parts[-1].pop("_generator"))
