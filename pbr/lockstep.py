@@ -1,0 +1,179 @@
+"""Lockstep lanes: L whole runs of one method trained together, each run in its own thread
+running the unchanged task loop (`pbr.loop.train_tasks`), their networks the lanes of one
+`pbr.lanes.Lanes`.
+
+A run's `method.net` is a `LaneView`: its forward waits until every lane has handed in its batch,
+then one laned forward serves them all and each thread gets its own lane's logits. The method's
+`step` waits the same way for every lane's loss, then one backward of their sum and one plain SGD
+step update every lane (lanes share no tensor, so each gets exactly its own loss's gradient).
+Everything else stays the run's own: its data order, augmentation and replay draws (its
+`Context.generator`), its buffer, its counters, its evaluation. So a method runs laned unchanged,
+provided that its step is the plain one (no penalty, no gradient surgery, no second network) and
+that every lane makes the same calls in the same order, as the runs of one sweep cell do (the
+same data sizes, a buffer that fills alike). A method that needs more says so when it starts.
+
+This is the shape weighed in docs/gpu.md against splitting every method's observe; it is not yet
+what `pbr train` runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from pbr.lanes import Lanes
+from pbr.methods.base import ContinualMethod
+
+# The hooks of ContinualMethod.step: a method overriding any of them changes the step per lane.
+_STEP_HOOKS = ("step", "penalty", "after_backward", "after_step")
+
+
+class Rendezvous:
+    """L threads hand in one item each; the last to arrive runs `work(items)` for all of them and
+    each thread gets back its own entry of the result. A thread that fails calls `abort`, and every
+    thread waiting (or arriving later) raises instead of waiting forever."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._cond = threading.Condition()
+        self._items: list[Any] = [None] * n
+        self._arrived = 0
+        self._round = 0
+        self._results: Sequence[Any] | None = None
+        self._error: BaseException | None = None
+
+    def meet(self, i: int, item: Any, work: Callable[[list[Any]], Sequence[Any]]) -> Any:
+        with self._cond:
+            if self._error is not None:
+                raise RuntimeError("another lane failed") from self._error
+            this = self._round
+            self._items[i] = item
+            self._arrived += 1
+            if self._arrived == self.n:
+                items, self._items, self._arrived = self._items, [None] * self.n, 0
+                try:
+                    self._results = work(items)
+                except BaseException as e:
+                    self._error = e
+                self._round += 1
+                self._cond.notify_all()
+            else:
+                while self._round == this and self._error is None:
+                    self._cond.wait()
+            if self._error is not None:
+                raise RuntimeError("another lane failed") from self._error
+            # Nobody starts the next round before every thread of this one has read its result.
+            return self._results[i]
+
+    def abort(self, error: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
+
+class LaneView(nn.Module):
+    """Lane i of a shared `Lanes`, standing where a method expects its single network."""
+
+    def __init__(self, lanes: Lanes, i: int, meeting: Rendezvous) -> None:
+        super().__init__()
+        # Not registered as a submodule: each view would otherwise own (and save) every lane.
+        object.__setattr__(self, "_lanes", lanes)
+        self.i = i
+        self._meeting = meeting
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._meeting.meet(self.i, x, lambda xs: self._lanes(torch.stack(xs)).unbind(0))
+
+    def parameters(self, recurse: bool = True):
+        return self._lanes.parameters(recurse)
+
+    def train(self, mode: bool = True) -> LaneView:
+        super().train(mode)
+        self._lanes.train(mode)  # every lane sets the same mode at the same point of its loop
+        return self
+
+    def state_dict(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        return self._lanes.lane_state_dict(self.i)
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True, assign: bool = False):
+        self._lanes.load_lane_state_dict(self.i, state)
+
+    def __deepcopy__(self, memo: dict) -> LaneView:
+        raise TypeError("a lane's network cannot be copied (a teacher, a snapshot): this method runs alone, not laned")
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            raise AttributeError(f"a lane's network offers forward, parameters, train/eval and state_dict, "
+                                 f"not '{name}': this method runs alone, not laned") from None
+
+
+def refusal(method: ContinualMethod) -> str | None:
+    """Why `method` cannot run laned, or None."""
+    cls = type(method)
+    changed = [h for h in _STEP_HOOKS if getattr(cls, h) is not getattr(ContinualMethod, h)]
+    if changed:
+        return f"{cls.name} changes the training step ({', '.join(changed)}): it runs alone, not laned"
+    return None
+
+
+def train_laned(methods: Sequence[ContinualMethod], run: Callable[[int, ContinualMethod], None]) -> None:
+    """Train the runs `methods` (one per lane, each on its own network, context and generator;
+    same class and settings) in lockstep: `run(i, method)` is lane i's whole single-run loop (e.g.
+    `train_tasks` with its own data and observer), started in its own thread once the networks
+    are stacked and every `method.net` is its lane. Afterwards each method holds a network of its
+    own again, with its lane's trained state. The first lane to fail stops every lane and its
+    error is raised."""
+    if len({type(m) for m in methods}) != 1:
+        raise ValueError("every lane must run the same method")
+    why = refusal(methods[0])
+    if why:
+        raise ValueError(why)
+    lr = {m.opts.lr for m in methods}
+    decay = {getattr(m.opts, "weight_decay", 0.0) for m in methods}
+    if len(lr) != 1 or len(decay) != 1:
+        raise ValueError("the lanes of one job share one optimiser: every lane needs the same lr and weight decay")
+    singles = [m.net for m in methods]
+    lanes = Lanes(singles)
+    meeting = Rendezvous(len(methods))
+    # Plain SGD has no state, so one optimiser for every task equals a fresh one a task.
+    opt = torch.optim.SGD(lanes.parameters(), lr=lr.pop(), weight_decay=decay.pop())
+
+    def one_step(losses: list[torch.Tensor]) -> list[torch.Tensor]:
+        opt.zero_grad(set_to_none=True)
+        torch.stack(losses).sum().backward()
+        opt.step()
+        return [loss.detach() for loss in losses]
+
+    errors: list[BaseException] = []
+
+    def lane(i: int, m: ContinualMethod) -> None:
+        try:
+            run(i, m)
+        except BaseException as e:
+            errors.append(e)
+            meeting.abort(e)
+
+    for i, m in enumerate(methods):
+        m.net = LaneView(lanes, i, meeting)
+        m.step = lambda loss, i=i: meeting.meet(i, loss, one_step)
+    threads = [threading.Thread(target=lane, args=(i, m), name=f"lane-{i}") for i, m in enumerate(methods)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for i, (m, single) in enumerate(zip(methods, singles)):
+            single.load_state_dict(lanes.lane_state_dict(i))
+            m.net = single
+            del m.step
+    if errors:
+        first = next((e for e in errors if not isinstance(e, RuntimeError) or e.__cause__ is None), errors[0])
+        raise first

@@ -1,0 +1,130 @@
+"""Lockstep lanes (pbr.lockstep): whole runs of a method, each in its own thread through the
+unchanged task loop, their networks one stacked `Lanes`, must be the separate single runs: the
+same weights, buffer and accuracy rows. In float64, as tests/test_lanes.py explains (at width 4 a
+float32 run amplifies the last bits of grouped against single convolutions within a few steps)."""
+
+import copy
+import threading
+
+import pytest
+import torch
+
+from pbr.lockstep import Rendezvous, train_laned
+from pbr.loop import Observer, train_tasks
+from pbr.methods import Context, create
+from pbr.models import Net
+
+WIDTH, SIDE, CLASSES, TASKS = 4, 8, 4, 2
+SEEDS = (3, 11)
+
+
+def _data(seed):
+    """Two tasks of two classes each, 8x8 uint8 images, 12 training and 6 test images a class."""
+    g = torch.Generator().manual_seed(seed)
+    train, test = [], []
+    for t in range(TASKS):
+        for store, n in ((train, 12), (test, 6)):
+            y = torch.arange(2 * t, 2 * t + 2).repeat_interleave(n)
+            x = torch.randint(0, 256, (y.numel(), 3, SIDE, SIDE), generator=g, dtype=torch.uint8)
+            store.append((x, y))
+    return train, test
+
+
+def _augment(raw, g):
+    """A flip per image drawn from the run's own generator, then float64 in [0, 1]."""
+    flip = torch.rand(raw.shape[0], generator=g) < 0.5
+    x = torch.where(flip[:, None, None, None], raw.flip(3), raw)
+    return x.to(torch.float64) / 255
+
+
+def _run(seed, name="er"):
+    net = Net(CLASSES, WIDTH, "linear", dropout=0.0, generator=torch.Generator().manual_seed(seed)).to(torch.float64)
+    ctx = Context(CLASSES, [torch.arange(2 * t, 2 * t + 2) for t in range(TASKS)], torch.device("cpu"), _augment,
+                  lambda raw: raw.to(torch.float64) / 255, torch.Generator().manual_seed(seed), replay_batch_size=5,
+                  eval_batch_size=7)
+    return create(name, net, ctx, buffer_size=10, lr=0.05)
+
+
+class Rows(Observer):
+    def __init__(self):
+        self.rows = []
+
+    def task_done(self, task, stats, class_il, task_il):
+        self.rows.append((class_il, task_il, [s.loss for s in stats]))
+
+
+def _train(method, seed, rows):
+    train, test = _data(seed)
+    train_tasks(method, train, test, [2, 3], 6, eval_batch_size=7, observer=rows)
+
+
+def test_laned_runs_are_the_separate_runs():
+    singles, single_rows = [], []
+    for s in SEEDS:
+        m, rows = _run(s), Rows()
+        _train(m, s, rows)
+        singles.append(m)
+        single_rows.append(rows.rows)
+
+    laned = [_run(s) for s in SEEDS]
+    laned_rows = [Rows() for _ in SEEDS]
+    train_laned(laned, lambda i, m: _train(m, SEEDS[i], laned_rows[i]))
+
+    for i, (a, b) in enumerate(zip(singles, laned)):
+        assert type(b.net).__name__ == "Net"  # each run holds a network of its own again
+        want, got = a.net.state_dict(), b.net.state_dict()
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-10, atol=1e-10, msg=lambda m: f"lane {i} {k}: {m}")
+        # The buffer holds the same samples: the lane drew its replay and reservoir from its own generator.
+        assert torch.equal(a.buffer.labels[: len(a.buffer)], b.buffer.labels[: len(b.buffer)])
+        assert torch.equal(a.buffer.images[: len(a.buffer)], b.buffer.images[: len(b.buffer)])
+        for (c1, t1, l1), (c2, t2, l2) in zip(single_rows[i], laned_rows[i].rows):
+            assert c1 == c2 and t1 == t2
+            assert l1 == pytest.approx(l2, abs=1e-10)
+    # The two seeds trained differently: the comparison above could have failed.
+    assert not torch.equal(singles[0].net.state_dict()["head.weight"], singles[1].net.state_dict()["head.weight"])
+
+
+def test_a_method_that_changes_the_step_or_copies_its_network_runs_alone():
+    with pytest.raises(ValueError, match="ewc_on changes the training step"):
+        train_laned([_run(s, "ewc_on") for s in SEEDS], lambda i, m: None)
+    # PBR reads its network's head to score the walk, then copies it as the teacher, at the end of
+    # the first task: the lane says so, and the other lane is stopped instead of waiting forever.
+    methods = [_run(s, "pbr") for s in SEEDS]
+    with pytest.raises((AttributeError, TypeError), match="runs alone, not laned"):
+        train_laned(methods, lambda i, m: _train(m, SEEDS[i], Rows()))
+    assert all(type(m.net).__name__ == "Net" and "step" not in vars(m) for m in methods)
+
+
+def test_the_rendezvous_gives_each_its_own_result_and_stops_everyone_on_a_failure():
+    meet = Rendezvous(3)
+    got = [None] * 3
+
+    def lane(i):
+        got[i] = [meet.meet(i, i * 10 + r, lambda items: [sum(items) + k for k in range(3)]) for r in range(4)]
+
+    threads = [threading.Thread(target=lane, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    # Round r: items 0 + r, 10 + r, 20 + r; lane i gets sum + i.
+    assert got == [[30 + 3 * r + i for r in range(4)] for i in range(3)]
+
+    meet = Rendezvous(2)
+    errors = []
+
+    def waiting():
+        try:
+            meet.meet(0, 1, lambda items: items)
+        except RuntimeError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=waiting)
+    t.start()
+    meet.abort(KeyError("lane 1 broke"))
+    t.join(timeout=10)
+    assert not t.is_alive() and isinstance(errors[0].__cause__, KeyError)
+    with pytest.raises(RuntimeError):
+        meet.meet(1, 2, lambda items: items)
+    copy.copy(meet)  # a plain object: nothing of a lane's network inside
