@@ -16,6 +16,10 @@ Routes, in this order (the most telling first, so a spent budget cuts the least 
                     augmentation, reservoir offer): what wiring lanes into a run would pay
   lanes-data-batched  the same with the lanes' augmentation in one call (pbr.lanes.augment:
                     each lane's draws from its own generator, one gather for all)
+  lockstep          L whole ER runs in lockstep threads (pbr.lockstep): each lane's unchanged
+                    observe and task loop (pbr.loop.fit_task) with its own generator, augmentation,
+                    replay draw and reservoir, its network a lane of one Lanes; what the threads
+                    and the GIL cost against lanes-data*, beside one plain run of the same loop
   lanes-processes   N processes each training L lanes
   mps               processes and lanes-processes again under a CUDA MPS daemon started here
                     (user-level, its pipe in a temp folder; stopped at the end)
@@ -52,7 +56,7 @@ from common import machine, row
 FULL_RUN_CURRENT_IMAGES = 620_000
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)
 ROUTES = ("baseline", "lanes", "lanes-bf16", "compile", "processes", "lanes-data", "lanes-data-batched",
-          "lanes-processes", "mps", "lanes-cl", "cudnn-benchmark")
+          "lockstep", "lanes-processes", "mps", "lanes-cl", "cudnn-benchmark")
 HERE = Path(__file__).resolve().parent
 
 
@@ -157,6 +161,45 @@ def laned_step(a, dev, n_lanes, dtype="fp32", cl=False, compiled=False, data="")
         y = torch.cat([labels[:, i % 8], torch.stack([b[1] for b in replay])], 1)
         lanes_mod.step(lanes, opt, torch.cat([cur, old], 1), y)
     return batched_step if data == "batched" else step
+
+
+def lockstep_step_s(a, dev, n_lanes):
+    """Seconds a step of L whole ER runs (n_lanes 0: one plain run, no lockstep) through
+    pbr.loop.fit_task on one task of random images, after a warm-up pass that also fills the
+    buffers (so every timed step replays): the run's own observe, augmentation and memory."""
+    import torch
+
+    from pbr.data.augment import Augment, normalize
+    from pbr.lockstep import train_laned
+    from pbr.loop import fit_task
+    from pbr.methods import Context, create
+
+    lanes = max(n_lanes, 1)
+    methods = []
+    for k, net in enumerate(_nets(a, lanes, dev)):
+        ctx = Context(10, [torch.arange(10, device=dev)], dev, Augment(MEAN, STD), lambda x: normalize(x, MEAN, STD),
+                      torch.Generator(device=dev).manual_seed(100 + k), replay_batch_size=a.batch)
+        methods.append(create("er", copy.deepcopy(net), ctx, buffer_size=200, lr=0.1))
+    warm, timed = a.batch * max(a.warmup, 7), a.batch * a.steps * a.repeats
+    g = torch.Generator(device=dev).manual_seed(0)
+    raw = torch.randint(0, 256, (lanes, warm + timed, 3, 32, 32), generator=g, dtype=torch.uint8, device=dev)
+    labels = torch.randint(0, 10, (lanes, warm + timed), generator=g, device=dev)
+    for k, m in enumerate(methods):
+        m.begin_task(0, raw[k], labels[k])
+
+    def go(part):
+        if n_lanes == 0:
+            fit_task(methods[0], raw[0, part], labels[0, part], 1, a.batch)
+        else:
+            train_laned(methods, lambda i, m: fit_task(m, raw[i, part], labels[i, part], 1, a.batch))
+
+    go(slice(0, warm))
+    sync = _sync(dev)
+    sync()
+    t = time.perf_counter()
+    go(slice(warm, warm + timed))
+    sync()
+    return (time.perf_counter() - t) / (a.steps * a.repeats)
 
 
 def autocast_reaches_convs(a, dev) -> str:
@@ -352,6 +395,21 @@ class Routes:
                 best = (img_s, n, dtype)
         return best
 
+    def lockstep(self):
+        """One plain ER run's loop, then L runs in lockstep; an error is a row, not the end."""
+        for n in [0] + [k for k in self.a.lanes if k > 1]:
+            if self.left() < 10:
+                return self.record("lockstep", "ER, fit_task", max(n, 1), status="skipped", note="budget spent")
+            variant = "ER, fit_task, one plain run" if n == 0 else "ER, fit_task, lanes in threads"
+            try:
+                self.record("lockstep", variant, max(n, 1), step_s=lockstep_step_s(self.a, self.dev, n))
+            except Exception as e:  # noqa: BLE001 - one failing combination must not end the run
+                self.record("lockstep", variant, max(n, 1), status="failed",
+                            note=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            finally:
+                if self.dev.type == "cuda":
+                    self.torch.cuda.empty_cache()
+
     def compile_child(self, variant, n_lanes, dtype="fp32"):
         a = self.a
         cap = min(a.compile_cap, self.left() - 5)
@@ -524,6 +582,8 @@ def main() -> None:
         r.lanes_sweep("lanes-data", "fp32", data="per-lane")
     if "lanes-data-batched" in routes:
         r.lanes_sweep("lanes-data-batched", "fp32", data="batched")
+    if "lockstep" in routes:
+        r.lockstep()
     best_n = best[1] if best else max(a.lanes)
     if "lanes-processes" in routes:
         for n in (2, 4) if not a.quick else (2,):
