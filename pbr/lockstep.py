@@ -8,9 +8,10 @@ then one laned forward serves them all and each thread gets its own lane's logit
 step update every lane (lanes share no tensor, so each gets exactly its own loss's gradient).
 Everything else stays the run's own: its data order, augmentation and replay draws (its
 `Context.generator`), its buffer, its counters, its evaluation. So a method runs laned unchanged,
-provided that its step is the plain one (no penalty, no gradient surgery, no second network) and
-that every lane makes the same calls in the same order, as the runs of one sweep cell do (the
-same data sizes, a buffer that fills alike). A method that needs more says so when it starts.
+provided that its step is the plain one (no penalty, no gradient surgery), that it writes nothing
+into its network outside that step, and that every lane makes the same calls in the same order,
+as the runs of one sweep cell do (the same data sizes, a buffer that fills alike). A copy of the
+network (PBR's teacher) is laned too. A method that needs more says so when it starts.
 
 This is the shape weighed in docs/gpu.md against splitting every method's observe; it is not yet
 what `pbr train` runs.
@@ -18,6 +19,7 @@ what `pbr train` runs.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -76,18 +78,56 @@ class Rendezvous:
             self._cond.notify_all()
 
 
-class LaneView(nn.Module):
-    """Lane i of a shared `Lanes`, standing where a method expects its single network."""
+class _Call(nn.Module):
+    """`net.<name>(*args)` as a module's forward, so that torch.func.functional_call can run it
+    with one lane's tensors (functional_call only calls forward)."""
 
-    def __init__(self, lanes: Lanes, i: int, meeting: Rendezvous) -> None:
+    def __init__(self, net: nn.Module, name: str) -> None:
         super().__init__()
-        # Not registered as a submodule: each view would otherwise own (and save) every lane.
+        self.net = net
+        self.name = name
+
+    def forward(self, *args: Any) -> Any:
+        return getattr(self.net, self.name)(*args)
+
+
+class _Version:
+    """How many laned steps have run: a lane's materialised copy is current while this holds."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+
+class LaneView(nn.Module):
+    """Lane i of a shared `Lanes`, standing where a method expects its single network.
+
+    Laned: forward (every lane's batch in one call), `prototypes()` (the lane's own tensors, so
+    its gradient reaches the lane), parameters, train/eval, state_dict, and a copy (a teacher:
+    one frozen `Lanes` for every lane, made when every lane asks). Anything else (`head.scale`,
+    `features` for scoring, the backbone's feature map) is read from `single`, the lane's own
+    network loaded with the lane's current weights: for reading only, since nothing written there
+    reaches the lanes (which is why a method that writes into its network, as PBR's `imprint`
+    does, runs alone)."""
+
+    def __init__(self, lanes: Lanes, i: int, meeting: Rendezvous, single: nn.Module, version: _Version) -> None:
+        super().__init__()
+        # Not registered as submodules: each view would otherwise own (and save) every lane.
         object.__setattr__(self, "_lanes", lanes)
+        object.__setattr__(self, "_copy", single)
         self.i = i
         self._meeting = meeting
+        self._version = version
+        self._copied_at = -1
+        self.train(lanes.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._meeting.meet(self.i, x, lambda xs: self._lanes(torch.stack(xs)).unbind(0))
+
+    def prototypes(self) -> torch.Tensor:
+        lanes, i = self._lanes, self.i
+        tensors = {f"net.{n}": p[i] for n, p in zip(lanes.param_names, lanes.stacked)}
+        tensors |= {f"net.{n}": b[i] for n, b in lanes._stacked_buffers().items()}
+        return torch.func.functional_call(_Call(lanes.skeleton, "prototypes"), tensors, ())
 
     def parameters(self, recurse: bool = True):
         return self._lanes.parameters(recurse)
@@ -102,16 +142,31 @@ class LaneView(nn.Module):
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True, assign: bool = False):
         self._lanes.load_lane_state_dict(self.i, state)
+        self._copied_at = -1
+
+    def single(self) -> nn.Module:
+        """The lane as a network of its own, at the lane's current weights and mode."""
+        if self._copied_at != self._version.steps:
+            self._copy.load_state_dict(self._lanes.lane_state_dict(self.i))
+            self._copied_at = self._version.steps
+        return self._copy.train(self.training)
 
     def __deepcopy__(self, memo: dict) -> LaneView:
-        raise TypeError("a lane's network cannot be copied (a teacher, a snapshot): this method runs alone, not laned")
+        def teacher(views: list[LaneView]) -> list[LaneView]:
+            copies = [copy.deepcopy(v.single()) for v in views]
+            frozen = Lanes(copies)
+            return [LaneView(frozen, k, self._meeting, c, _Version()) for k, c in enumerate(copies)]
+
+        return self._meeting.meet(self.i, self, teacher)
 
     def __getattr__(self, name: str) -> Any:
         try:
             return super().__getattr__(name)
         except AttributeError:
-            raise AttributeError(f"a lane's network offers forward, parameters, train/eval and state_dict, "
-                                 f"not '{name}': this method runs alone, not laned") from None
+            pass
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.single(), name)
 
 
 def refusal(method: ContinualMethod) -> str | None:
@@ -120,6 +175,8 @@ def refusal(method: ContinualMethod) -> str | None:
     changed = [h for h in _STEP_HOOKS if getattr(cls, h) is not getattr(ContinualMethod, h)]
     if changed:
         return f"{cls.name} changes the training step ({', '.join(changed)}): it runs alone, not laned"
+    if getattr(method.opts, "imprint", False):
+        return f"{cls.name} with imprint writes into its network at each task's start: it runs alone, not laned"
     return None
 
 
@@ -142,6 +199,7 @@ def train_laned(methods: Sequence[ContinualMethod], run: Callable[[int, Continua
     singles = [m.net for m in methods]
     lanes = Lanes(singles)
     meeting = Rendezvous(len(methods))
+    version = _Version()
     # Plain SGD has no state, so one optimiser for every task equals a fresh one a task.
     opt = torch.optim.SGD(lanes.parameters(), lr=lr.pop(), weight_decay=decay.pop())
 
@@ -149,6 +207,7 @@ def train_laned(methods: Sequence[ContinualMethod], run: Callable[[int, Continua
         opt.zero_grad(set_to_none=True)
         torch.stack(losses).sum().backward()
         opt.step()
+        version.steps += 1
         return [loss.detach() for loss in losses]
 
     errors: list[BaseException] = []
@@ -161,7 +220,7 @@ def train_laned(methods: Sequence[ContinualMethod], run: Callable[[int, Continua
             meeting.abort(e)
 
     for i, m in enumerate(methods):
-        m.net = LaneView(lanes, i, meeting)
+        m.net = LaneView(lanes, i, meeting, copy.deepcopy(singles[i]), version)
         m.step = lambda loss, i=i: meeting.meet(i, loss, one_step)
     threads = [threading.Thread(target=lane, args=(i, m), name=f"lane-{i}") for i, m in enumerate(methods)]
     try:
@@ -174,6 +233,10 @@ def train_laned(methods: Sequence[ContinualMethod], run: Callable[[int, Continua
             single.load_state_dict(lanes.lane_state_dict(i))
             m.net = single
             del m.step
+            # A network the method copied from its lane (PBR's teacher) becomes its own network too.
+            for name, value in list(vars(m).items()):
+                if isinstance(value, LaneView):
+                    setattr(m, name, value.single())
     if errors:
         first = next((e for e in errors if not isinstance(e, RuntimeError) or e.__cause__ is None), errors[0])
         raise first
