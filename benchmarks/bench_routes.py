@@ -16,10 +16,11 @@ Routes, in this order (the most telling first, so a spent budget cuts the least 
                     augmentation, reservoir offer): what wiring lanes into a run would pay
   lanes-data-batched  the same with the lanes' augmentation in one call (pbr.lanes.augment:
                     each lane's draws from its own generator, one gather for all)
-  lockstep          L whole ER runs in lockstep threads (pbr.lockstep): each lane's unchanged
-                    observe and task loop (pbr.loop.fit_task) with its own generator, augmentation,
-                    replay draw and reservoir, its network a lane of one Lanes; what the threads
-                    and the GIL cost against lanes-data*, beside one plain run of the same loop
+  lockstep          L whole ER runs, then L whole PBR runs, in lockstep threads (pbr.lockstep): each
+                    lane's unchanged observe and task loop (pbr.loop.fit_task) with its own
+                    generator, augmentation, replay draw and buffer (PBR: its laned teacher), its
+                    network a lane of one Lanes; timed on a second task, where every step replays;
+                    what the threads and the GIL cost against lanes-data*, beside one plain run
   lanes-processes   N processes each training L lanes
   mps               processes and lanes-processes again under a CUDA MPS daemon started here
                     (user-level, its pipe in a temp folder; stopped at the end)
@@ -163,43 +164,53 @@ def laned_step(a, dev, n_lanes, dtype="fp32", cl=False, compiled=False, data="")
     return batched_step if data == "batched" else step
 
 
-def lockstep_step_s(a, dev, n_lanes):
-    """Seconds a step of L whole ER runs (n_lanes 0: one plain run, no lockstep) through
-    pbr.loop.fit_task on one task of random images, after a warm-up pass that also fills the
-    buffers (so every timed step replays): the run's own observe, augmentation and memory."""
+def lockstep_step_s(a, dev, n_lanes, name="er"):
+    """Seconds a step of L whole runs of `name` (n_lanes 0: one plain run, no lockstep) through
+    pbr.loop.fit_task: a first task of random images (which also fills the buffer; PBR's walk and
+    teacher at its end), then the timed second task, where every step replays (and PBR distils
+    from its teacher). The run's own observe, augmentation and memory, as a real run has them."""
     import torch
 
     from pbr.data.augment import Augment, normalize
     from pbr.lockstep import train_laned
     from pbr.loop import fit_task
     from pbr.methods import Context, create
+    from pbr.models import Net
 
     lanes = max(n_lanes, 1)
     methods = []
-    for k, net in enumerate(_nets(a, lanes, dev)):
-        ctx = Context(10, [torch.arange(10, device=dev)], dev, Augment(MEAN, STD), lambda x: normalize(x, MEAN, STD),
-                      torch.Generator(device=dev).manual_seed(100 + k), replay_batch_size=a.batch)
-        methods.append(create("er", copy.deepcopy(net), ctx, buffer_size=200, lr=0.1))
-    warm, timed = a.batch * max(a.warmup, 7), a.batch * a.steps * a.repeats
+    for k in range(lanes):
+        # PBR's own network (cosine head, dropout 0.1); ER's is the shared pool's (linear head).
+        net = (Net(10, a.width, "cosine", dropout=0.1, generator=torch.Generator().manual_seed(k)).to(dev)
+               if name == "pbr" else copy.deepcopy(_nets(a, lanes, dev)[k]))
+        ctx = Context(10, [torch.arange(5, device=dev), torch.arange(5, 10, device=dev)], dev, Augment(MEAN, STD),
+                      lambda x: normalize(x, MEAN, STD), torch.Generator(device=dev).manual_seed(100 + k),
+                      replay_batch_size=a.batch, eval_batch_size=256)
+        methods.append(create(name, net, ctx, buffer_size=200, lr=0.1))
+    first, timed = a.batch * max(a.warmup, 7), a.batch * a.steps * a.repeats
     g = torch.Generator(device=dev).manual_seed(0)
-    raw = torch.randint(0, 256, (lanes, warm + timed, 3, 32, 32), generator=g, dtype=torch.uint8, device=dev)
-    labels = torch.randint(0, 10, (lanes, warm + timed), generator=g, device=dev)
-    for k, m in enumerate(methods):
-        m.begin_task(0, raw[k], labels[k])
+    raw = [torch.randint(0, 256, (lanes, n, 3, 32, 32), generator=g, dtype=torch.uint8, device=dev) for n in (first, timed)]
+    labels = [torch.randint(0, 5, (lanes, first), generator=g, device=dev),
+              torch.randint(5, 10, (lanes, timed), generator=g, device=dev)]
+    sync, spent = _sync(dev), []
 
-    def go(part):
-        if n_lanes == 0:
-            fit_task(methods[0], raw[0, part], labels[0, part], 1, a.batch)
-        else:
-            train_laned(methods, lambda i, m: fit_task(m, raw[i, part], labels[i, part], 1, a.batch))
+    def run(i, m):
+        m.begin_task(0, raw[0][i], labels[0][i])
+        fit_task(m, raw[0][i], labels[0][i], 1, a.batch)
+        m.end_task(0, raw[0][i], labels[0][i])
+        m.begin_task(1, raw[1][i], labels[1][i])
+        sync()
+        t = time.perf_counter()  # lanes meet again at the first step, within one step of this
+        fit_task(m, raw[1][i], labels[1][i], 1, a.batch)
+        sync()
+        if i == 0:
+            spent.append(time.perf_counter() - t)
 
-    go(slice(0, warm))
-    sync = _sync(dev)
-    sync()
-    t = time.perf_counter()
-    go(slice(warm, warm + timed))
-    sync()
-    return (time.perf_counter() - t) / (a.steps * a.repeats)
+    if n_lanes == 0:
+        run(0, methods[0])
+    else:
+        train_laned(methods, run)
+    return spent[0] / (a.steps * a.repeats)
 
 
 def autocast_reaches_convs(a, dev) -> str:
@@ -396,19 +407,21 @@ class Routes:
         return best
 
     def lockstep(self):
-        """One plain ER run's loop, then L runs in lockstep; an error is a row, not the end."""
-        for n in [0] + [k for k in self.a.lanes if k > 1]:
-            if self.left() < 10:
-                return self.record("lockstep", "ER, fit_task", max(n, 1), status="skipped", note="budget spent")
-            variant = "ER, fit_task, one plain run" if n == 0 else "ER, fit_task, lanes in threads"
-            try:
-                self.record("lockstep", variant, max(n, 1), step_s=lockstep_step_s(self.a, self.dev, n))
-            except Exception as e:  # noqa: BLE001 - one failing combination must not end the run
-                self.record("lockstep", variant, max(n, 1), status="failed",
-                            note=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-            finally:
-                if self.dev.type == "cuda":
-                    self.torch.cuda.empty_cache()
+        """ER then PBR: one plain run's loop, then L runs in lockstep; an error is a row, not the end."""
+        for name in ("er", "pbr"):
+            for n in [0] + [k for k in self.a.lanes if k > 1]:
+                variant = f"{name.upper()}, fit_task, " + ("one plain run" if n == 0 else "lanes in threads")
+                if self.left() < 10:
+                    self.record("lockstep", variant, max(n, 1), status="skipped", note="budget spent")
+                    continue
+                try:
+                    self.record("lockstep", variant, max(n, 1), step_s=lockstep_step_s(self.a, self.dev, n, name))
+                except Exception as e:  # noqa: BLE001 - one failing combination must not end the run
+                    self.record("lockstep", variant, max(n, 1), status="failed",
+                                note=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                finally:
+                    if self.dev.type == "cuda":
+                        self.torch.cuda.empty_cache()
 
     def compile_child(self, variant, n_lanes, dtype="fp32"):
         a = self.a
