@@ -8,10 +8,12 @@ then one laned forward serves them all and each thread gets its own lane's logit
 step update every lane (lanes share no tensor, so each gets exactly its own loss's gradient).
 Everything else stays the run's own: its data order, augmentation and replay draws (its
 `Context.generator`), its buffer, its counters, its evaluation. So a method runs laned unchanged,
-provided that its step is the plain one (no penalty, no gradient surgery), that it writes nothing
-into its network outside that step, and that every lane makes the same calls in the same order,
-as the runs of one sweep cell do (the same data sizes, a buffer that fills alike). A copy of the
-network (PBR's teacher) is laned too. A method that needs more says so when it starts.
+provided that the method says it can (`ContinualMethod.laned`, set where a test holds its laned
+runs to its separate ones), that its step is the plain one (no penalty, no gradient surgery), that
+it writes nothing into its network outside that step, and that every lane makes the same calls in
+the same order, as the runs of one sweep cell do (the same data sizes, a buffer that fills alike).
+A copy of the network (PBR's teacher) is laned too. A method that needs more says so when it
+starts.
 
 This is the shape weighed in docs/gpu.md against splitting every method's observe; it is not yet
 what `pbr train` runs.
@@ -170,14 +172,13 @@ class LaneView(nn.Module):
 
 
 def refusal(method: ContinualMethod) -> str | None:
-    """Why `method` cannot run laned, or None."""
+    """Why `method` cannot run laned, or None: the method answers for itself (`lane_refusal`), and
+    a step with hooks of its own is refused here as well, whatever the class says."""
     cls = type(method)
     changed = [h for h in _STEP_HOOKS if getattr(cls, h) is not getattr(ContinualMethod, h)]
     if changed:
         return f"{cls.name} changes the training step ({', '.join(changed)}): it runs alone, not laned"
-    if getattr(method.opts, "imprint", False):
-        return f"{cls.name} with imprint writes into its network at each task's start: it runs alone, not laned"
-    return None
+    return method.lane_refusal()
 
 
 def train_laned(methods: Sequence[ContinualMethod], run: Callable[[int, ContinualMethod], None]) -> None:

@@ -130,6 +130,9 @@ class ContinualMethod:
     defaults: ClassVar[dict[str, Any]] = {"lr": 0.03, "head": "linear", "dropout": 0.0, "weight_decay": 0.0}
     defaults_source: ClassVar[str] = "the paper's common protocol (SGD at lr 0.03, a linear head, no dropout)"
     best: ClassVar[tuple[Best, ...]] = ()
+    # Whether its runs may train as lanes of one process (pbr.lockstep): set where a test holds the
+    # laned runs to the separate ones (tests/test_lockstep.py). Not inherited.
+    laned: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -191,6 +194,12 @@ class ContinualMethod:
         """The head's dropout rate when a run of this method is scored (the score stage's `auto`):
         the trained rate, or 0.1 for a network trained without dropout (MC dropout needs a rate)."""
         return settings.get("dropout") or 0.1
+
+    def lane_refusal(self) -> str | None:
+        """Why this run cannot train as a lane of one process (pbr.lockstep), or None."""
+        if not type(self).__dict__.get("laned", False):
+            return f"{self.name} has not been checked laned (its class sets no `laned = True`): it runs alone"
+        return None
 
     @classmethod
     def score_backbone(cls, settings: dict[str, Any]) -> bool:

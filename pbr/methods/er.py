@@ -11,6 +11,7 @@ class ER(ContinualMethod):
     grids = ("fidelity",)  # the confirmation's comparator, at the paper's lr and Mammoth's
     label = "ER"
     memory = Reservoir
+    laned = True  # tests/test_lockstep.py
     settings = (RESERVOIR,)
     best = (
         Best("cifar10", None, {"lr": 0.1}, f"{MAMMOTH} seq-cifar10 (buffer 200, 500, 5120)"),

@@ -34,6 +34,7 @@ class PBR(ContinualMethod):
     ablations = {"random": {"buffer_order": "random"}, "reservoir": {"sampling": "reservoir"}}
     label = "PBR"
     memory = UncertaintyWalk  # or the online reservoir (sampling: reservoir): make_policy
+    laned = True  # tests/test_lockstep.py (its teacher is laned too)
     # The readings of the paper's open points are settings; docs/method.md gives the evidence.
     # Declared in the order a table's row label names them.
     settings = (
@@ -171,6 +172,11 @@ class PBR(ContinualMethod):
         self._task_images: torch.Tensor | None = None
         self._mi_sum: torch.Tensor | None = None
         self._mi_terms = 0
+
+    def lane_refusal(self) -> str | None:
+        if self.opts.imprint:  # it writes into the network at each task's start, outside the step
+            return "pbr with imprint writes into its network at each task's start: it runs alone"
+        return super().lane_refusal()
 
     def make_policy(self, buffer):
         o = self.opts

@@ -13,6 +13,7 @@ class SGD(ContinualMethod):
     role = "bound"
     grids = ("table5",)  # the ablation's no-buffer rows, with either classifier
     label = "SGD"
+    laned = True  # tests/test_lockstep.py
     best = (
         Best("cifar10", None, {"lr": 0.1}, f"{MAMMOTH} seq-cifar10"),
         Best("tinyimagenet", None, {"lr": 0.03}, f"{MAMMOTH} seq-tinyimg"),
