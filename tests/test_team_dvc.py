@@ -63,21 +63,29 @@ def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, m
         commit(a, "team remote")
         run(["git", "remote", "add", "origin", str(origin)], a)
         run(["git", "push", "-q", "origin", "main"], a)
-        # Each machine runs its array task of examples/slurm_sweep.sh, as SLURM would start it;
-        # bob's machine then runs task 1 again (a re-queued job) after alice's machine finished it.
+        # Each machine runs its array task of examples/slurm_sweep.sh, as SLURM would start it: alice's
+        # and bob's at once; bob's machine then runs task 1 again (a re-queued job) after alice's finished it.
         names = {}
-        for machine, user, k in (("alice-node", "alice", 1), ("bob-node", "bob", 2), ("bob-node", "bob", 1)):
+
+        def start(machine, user, k):
             # POLL_SECONDS: each poll is a `dvc queue status` (~0.7 CPU s); every 2 s cost ~15 CPU s a shard.
             e = {**_as(user, uri), "REPO": str(origin), "WORK": str(tmp_path / machine), "GRID": "table3",
                  "SEEDS": "1", "JOBS": "1", "SWEEP_ARGS": "--only data.imbalance_ratio=0.1", "POLL_SECONDS": "5",
                  "SLURM_ARRAY_TASK_ID": str(k), "SLURM_ARRAY_TASK_COUNT": "2"}
-            r = subprocess.run(["bash", str(ROOT / "examples/slurm_sweep.sh")], cwd=tmp_path, env=e,
-                               capture_output=True, text=True, timeout=900)
-            assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-            assert f"shard {k}/2: 1 of 2 runs" in r.stderr and f"shard {k}/2 of table3: done, 0 failed" in r.stdout
-            assert "pushing 1 experiments: c100-" in r.stdout, r.stdout
+            return machine, k, subprocess.Popen(["bash", str(ROOT / "examples/slurm_sweep.sh")], cwd=tmp_path, env=e,
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def finish(machine, k, proc):
+            out, err = proc.communicate(timeout=900)
+            assert proc.returncode == 0, out[-2000:] + err[-2000:]
+            assert f"shard {k}/2: 1 of 2 runs" in err and f"shard {k}/2 of table3: done, 0 failed" in out
+            assert "pushing 1 experiments: c100-" in out, out
             work = tmp_path / machine / f"table3-shard-{k}-of-2"
             names.setdefault(k, set()).update(dvc(work, "exp", "ls", "--name-only").stdout.split())
+
+        for job in [start("alice-node", "alice", 1), start("bob-node", "bob", 2)]:
+            finish(*job)
+        finish(*start("bob-node", "bob", 1))
         assert len(names[1]) == 1 and len(names[2]) == 1 and names[1] != names[2]
 
         c = tmp_path / "carol"
