@@ -132,8 +132,9 @@ def sweep(
                                                     "expected cost (one per machine, or a SLURM array task: "
                                                     "--shard $((SLURM_ARRAY_TASK_ID+1))/$SLURM_ARRAY_TASK_COUNT)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the dvc commands; queue nothing."),
-    jobs: int = typer.Option(0, "--jobs", "-j", help="Start this many queue workers after queueing (0: don't); "
-                                                     "with --offline, runs at a time (0: 1)."),
+    jobs_: str = typer.Option("0", "--jobs", "-j", help="Start this many queue workers after queueing (0: don't); "
+                                                        "with --offline, runs at a time (0: 1). auto: 4 on a GPU (the "
+                                                        "count that saturates one), else one per core."),
     offline: Path | None = typer.Option(None, "--offline", help="Run the grid here and now without DVC or a tracking "
                                                                "server: each run in DIR/runs/NAME, recorded in "
                                                                "DIR/mlflow.db; then `pbr import DIR` (docs/offline.md)."),
@@ -144,6 +145,7 @@ def sweep(
 
     runs = stage.plan(name, stage.parse_seeds(seeds), stage.parse_assignments(set_, "-S"),
                       stage.parse_assignments(only, "--only", many=True), params, budget)
+    jobs = stage.parse_jobs(jobs_)
     if shard_:
         k, n = stage.parse_shard(shard_)
         total = sum(r.cost for r in runs)
@@ -155,6 +157,9 @@ def sweep(
         typer.echo("\n".join(r.command() for r in runs))
         typer.echo(f"{len(runs)} runs", err=True)
         return
+    if jobs == "auto":
+        jobs, why = stage.auto_jobs(runs, params)
+        typer.echo(f"--jobs auto: {why}", err=True)
     if offline is not None:
         from stages.experiments import offline as direct
 

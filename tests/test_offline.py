@@ -32,9 +32,11 @@ def test_an_offline_sweep_runs_records_resumes_and_imports(tmp_path):
     out, store = tmp_path / "offline", tmp_path / "project.db"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
     sweep = ["sweep", "fidelity", "--budget", "quick", "--seeds", "7-7", "--only", "row=er-lr0.1,er-lr0.03",
-             "-S", "data.imbalance_ratio=0.5", "-S", "method.buffer_size=10", "--offline", str(out), "--jobs", "2"]
+             "-S", "data.imbalance_ratio=0.5", "-S", "method.buffer_size=10", "--offline", str(out), "--jobs", "auto"]
     r = _pbr(*sweep, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
+    # --jobs auto on a CPU at one torch thread a run: a run per core.
+    assert f"--jobs auto: {len(os.sched_getaffinity(0))} run(s) at once" in r.stderr, r.stderr[-2000:]
     names = sorted(p.name for p in (out / "runs").iterdir())
     assert len(names) == 2 and all((out / "runs" / n / "DONE").is_file() for n in names)
     # What DONE says is what the run's evaluate stage wrote.

@@ -210,6 +210,28 @@ def test_a_bad_shard_is_a_one_line_error(text):
         sweep.parse_shard(text)
 
 
+def test_jobs_auto_fills_one_gpu_or_the_cores():
+    rows = {"row": ["pbr", "er-lr0.1"]}
+    runs = _plan("fidelity", seeds=2, only=rows, budget="proxy")
+    # A GPU machine (train.device auto means cuda there): four at once, whatever its cores.
+    assert sweep.auto_jobs(runs, PARAMS, cuda_devices=1, cores=16)[0] == 4
+    assert sweep.auto_jobs(runs, PARAMS, cuda_devices=2, cores=2)[0] == 4
+    # A CPU: one run per core with threads auto (each then takes one), fewer when a run takes more.
+    assert sweep.auto_jobs(runs, PARAMS, cuda_devices=0, cores=16)[0] == 16
+    assert sweep.auto_jobs(_plan("fidelity", 2, {"train.threads": 3}, rows, "proxy"), PARAMS, 0, 16)[0] == 5
+    assert sweep.auto_jobs(_plan("fidelity", 2, {"train.threads": 4}, rows, "proxy"), PARAMS, 0, 2)[0] == 1
+    # A sweep pinned to the CPU stays a CPU sweep on a GPU machine.
+    pinned = _plan("fidelity", 2, {"train.device": "cpu"}, rows, "proxy")
+    assert sweep.auto_jobs(pinned, PARAMS, cuda_devices=1, cores=8)[0] == 8
+
+
+@pytest.mark.parametrize("text", ["-1", "many", "2.5", ""])
+def test_a_bad_jobs_is_a_one_line_error(text):
+    with pytest.raises(UserError, match=rf"--jobs {text}: give a number of runs at once \(0 or more\) or auto"):
+        sweep.parse_jobs(text)
+    assert sweep.parse_jobs("AUTO") == "auto" and sweep.parse_jobs("3") == 3
+
+
 def test_offline_runs_go_seed_by_seed():
     """A sweep cut short leaves every row with the same seeds: both rows of seed 3 run before seed 4."""
     from stages.experiments.offline import _order

@@ -13,6 +13,7 @@ Run the queue with `dvc queue start -j N`, then `pbr report` builds the tables f
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -391,6 +392,42 @@ def shard(runs: list[Run], k: int, n: int) -> list[Run]:
         if j == k - 1:
             mine.add(r.name)
     return [r for r in runs if r.name in mine]
+
+
+# Runs at once that saturate one GPU: four processes of the ER step reach 1.7x one process's
+# images/s on an H200 and more add nothing (docs/benchmarks.md, Runs per hour on one GPU).
+GPU_JOBS = 4
+
+
+def parse_jobs(text: str) -> int | str:
+    t = text.strip().lower()
+    if t == "auto":
+        return t
+    if t.isdigit():
+        return int(t)
+    raise UserError(f"--jobs {text}: give a number of runs at once (0 or more) or auto")
+
+
+def auto_jobs(runs: list[Run], params_file: Path, cuda_devices: int | None = None,
+              cores: int | None = None) -> tuple[int, str]:
+    """`--jobs auto`: how many runs at once, and why. On a GPU (a run's `train.device` is cuda, or
+    auto on a machine that has one) the count measured to saturate it; on a CPU one run per
+    `train.threads` cores (one per core when threads are auto: each run then takes one)."""
+    base = yaml.safe_load(params_file.read_text())
+    settings = [(_lookup(base, r.overrides, "train.device"), _lookup(base, r.overrides, "train.threads"))
+                for r in runs]
+    if any(str(d) != "cpu" for d, _ in settings):
+        if cuda_devices is None:
+            import torch
+
+            cuda_devices = torch.cuda.device_count()
+        if cuda_devices > 0 or any(str(d) == "cuda" for d, _ in settings):
+            return GPU_JOBS, f"{GPU_JOBS} runs at once, the count that saturates one GPU (docs/benchmarks.md)"
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1 if t == "auto" else int(t) for _, t in settings)
+    n = max(1, cores // threads)
+    return n, f"{n} run(s) at once: {cores} CPU core(s), {threads} torch thread(s) a run"
 
 
 def _lookup(base: dict, overrides: dict[str, Any], key: str) -> Any:
