@@ -95,18 +95,20 @@ def report(
 
 @app.command()
 def confirm(
+    which: str = typer.Argument("defaults", help="defaults: C1-C5 on seeds 100-109; outliers: C6, the top 5% MI "
+                                                 "left out against the default, on seeds 200-209."),
     experiment: str = typer.Option(None, "--experiment",
                                    help="MLflow experiment to read (default: $MLFLOW_EXPERIMENT_NAME, else pbr)."),
     tracking_uri: str | None = typer.Option(
         None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite mlflow.db at the repository root)."),
     markdown: Path | None = typer.Option(None, "--markdown", help="Also write the table to this file."),
 ) -> None:
-    """The pre-registered confirmation (docs/preregistration.md): comparisons C1-C5 on seeds 100-109,
-    95% intervals, Holm-adjusted p and the verdicts by the page's rule."""
+    """A pre-registered confirmation (docs/preregistration.md): its comparisons on its seeds, 95%
+    intervals, Holm-adjusted p and the verdicts by the page's rule."""
     from stages.experiments import confirmation
     from stages.runtime.tracking import experiment_name
 
-    text = confirmation.run(tracking_uri, experiment or experiment_name())
+    text = confirmation.run(tracking_uri, experiment or experiment_name(), which)
     typer.echo(text, nl=False)
     if markdown is not None:
         from stages.runtime import artifacts

@@ -2,6 +2,7 @@
 computations (for 2 degrees of freedom Student's t has P(|T| <= t) = t / sqrt(2 + t^2))."""
 
 import math
+import re
 
 import pytest
 
@@ -70,3 +71,33 @@ def test_the_table_says_it_is_incomplete_until_ten_seeds():
     groups, _ = report.group_runs(_runs())
     text = confirmation.render(groups)
     assert "| PBR | `pbr` | 3 | 52.00 ± 2.00 |" in text and "INCOMPLETE" in text
+
+
+def test_the_second_confirmation_compares_its_own_rows_on_its_own_seeds():
+    """C6 reads only `pbr-out0.05` and `pbr` on seeds 200-209: the first plan's seeds and rows are
+    not part of it, nor is a GPU run of its seeds."""
+    out = {**BASE, "method.name": "pbr", "method.pbr.mi_outliers": "0.05"}
+    pbr = {**BASE, "method.name": "pbr"}
+    runs = _runs()  # seeds 100-102 of the first plan's rows
+    for seed, a, b in ((200, 47.0, 45.0), (201, 44.0, 43.0), (202, 50.0, 46.0)):
+        runs += [RunRecord(f"out-{seed}", {**out, "seed": str(seed)}, {"class_il.acc": a}, 0, {"pbr.device": "cpu"}),
+                 RunRecord(f"pbr-{seed}", {**pbr, "seed": str(seed)}, {"class_il.acc": b}, 0, {"pbr.device": "cpu"})]
+    runs.append(RunRecord("gpu", {**out, "seed": "203"}, {"class_il.acc": 0.0}, 0, {"pbr.device": "cuda"}))
+    plan = confirmation.PLANS["outliers"]
+    groups, _ = report.group_runs(runs)
+    [c6] = confirmation.compare(groups, plan)
+    assert (c6.name, c6.n, c6.diffs) == ("C6", 3, [2.0, 1.0, 4.0])  # mean 7/3, sd sqrt(7/3)
+    half = 4.302653 * math.sqrt(7 / 3) / math.sqrt(3)
+    assert c6.interval() == pytest.approx((7 / 3 - half, 7 / 3 + half), abs=1e-5)
+    # One comparison: Holm leaves its p as it is.
+    assert c6.holm == c6.p == pytest.approx(_p2(7 / 3, math.sqrt(7 / 3)), abs=1e-9)
+    text = confirmation.render(groups, plan)
+    assert "seeds 200-209" in text and "| PBR (top 5% MI left out) | `pbr-out0.05` | 3 | 47.00 ± 3.00 |" in text
+    assert "| PBR | `pbr` | 3 | 44.67 ± 1.53 |" in text and "INCOMPLETE" in text and "C1" not in text
+
+
+def test_an_unknown_confirmation_is_a_one_line_error():
+    from pbr.errors import UserError
+
+    with pytest.raises(UserError, match=re.escape("pbr confirm later: no such confirmation; use one of defaults | outliers")):
+        confirmation.run("sqlite:///nowhere.db", which="later")

@@ -1,8 +1,8 @@
-"""`pbr confirm`: the pre-registered confirmation (docs/preregistration.md), computed as written
-there and nothing else: the six rows at the proxy budget on the confirmation seeds, on a CPU in
-fp32; comparisons C1-C5 as paired differences of final Class-IL with a two-sided 95% t interval, a
-paired t-test's p and its Holm adjustment over the five, and the verdict by the page's rule.
-While any comparison has fewer seeds than planned, the table says it is no verdict yet.
+"""`pbr confirm`: the pre-registered confirmations (docs/preregistration.md), computed as written
+there and nothing else: the plan's rows at the proxy budget on its confirmation seeds, on a CPU in
+fp32; its comparisons as paired differences of final Class-IL with a two-sided 95% t interval, a
+paired t-test's p and its Holm adjustment over the plan's comparisons, and the verdict by the
+page's rule. While any comparison has fewer seeds than planned, the table says it is no verdict yet.
 """
 
 from __future__ import annotations
@@ -13,17 +13,37 @@ from dataclasses import dataclass
 
 from stages.experiments import report
 
-SEEDS = tuple(str(s) for s in range(100, 110))
 CELL = {"budget": "proxy", "setting": "ordered", "imbalance_ratio": 0.01, "dataset": "cifar10",
         "buffer_size": 200, "device": "cpu", "precision": "fp32"}
-# The rows, as `pbr report` labels them, and the fidelity grid's row names.
-ROWS = {"PBR": "pbr", "PBR (random)": "pbr-random", "PBR (online reservoir)": "pbr-reservoir",
-        "ER (lr 0.03)": "er-lr0.03", "ER": "er-lr0.1", "PBR (paper-literal)": "pbr-literal"}
-COMPARISONS = (("C1", "PBR", "PBR (online reservoir)", "Ours > Ours-Random (+6.23)"),
-               ("C2", "PBR", "PBR (random)", "Ours > Ours-Random (+6.23)"),
-               ("C3", "PBR", "ER (lr 0.03)", "Ours > ER (+11.86)"),
-               ("C4", "PBR", "ER", "Ours > ER, at ER's tuned lr"),
-               ("C5", "PBR", "PBR (paper-literal)", "none"))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One pre-registered confirmation: its seeds, its rows (as `pbr report` labels them, with the
+    fidelity grid's row names) and its comparisons (name, A, B, the paper's claim)."""
+    title: str
+    seeds: tuple[str, ...]
+    rows: dict[str, str]
+    comparisons: tuple[tuple[str, str, str, str], ...]
+
+
+PLANS = {
+    "defaults": Plan(
+        "The pre-registered confirmation", tuple(str(s) for s in range(100, 110)),
+        {"PBR": "pbr", "PBR (random)": "pbr-random", "PBR (online reservoir)": "pbr-reservoir",
+         "ER (lr 0.03)": "er-lr0.03", "ER": "er-lr0.1", "PBR (paper-literal)": "pbr-literal"},
+        (("C1", "PBR", "PBR (online reservoir)", "Ours > Ours-Random (+6.23)"),
+         ("C2", "PBR", "PBR (random)", "Ours > Ours-Random (+6.23)"),
+         ("C3", "PBR", "ER (lr 0.03)", "Ours > ER (+11.86)"),
+         ("C4", "PBR", "ER", "Ours > ER, at ER's tuned lr"),
+         ("C5", "PBR", "PBR (paper-literal)", "none"))),
+    # A reading that passed the selection step (docs/preregistration.md, second confirmation).
+    "outliers": Plan(
+        "The second confirmation: the top 5% MI left out of the walk", tuple(str(s) for s in range(200, 210)),
+        {"PBR": "pbr", "PBR (top 5% MI left out)": "pbr-out0.05"},
+        (("C6", "PBR (top 5% MI left out)", "PBR", "none"),)),
+}
+FIRST = PLANS["defaults"]
 ALPHA = 0.05
 
 
@@ -76,19 +96,20 @@ def holm(ps: list[float]) -> list[float]:
     return out
 
 
-def rows_by_seed(groups: list[report.Group], mode: str = "class_il", metric: str = "acc") -> dict[str, dict[str, float]]:
+def rows_by_seed(groups: list[report.Group], mode: str = "class_il", metric: str = "acc",
+                 plan: Plan = FIRST) -> dict[str, dict[str, float]]:
     """Each row's value per confirmation seed, from the groups of the confirmation's cell."""
-    out: dict[str, dict[str, float]] = {label: {} for label in ROWS}
+    out: dict[str, dict[str, float]] = {label: {} for label in plan.rows}
     for g in groups:
-        if g.method in ROWS and all(getattr(g, k) == v for k, v in CELL.items()):
-            out[g.method] = {s: v for s, v in g.by_seed(mode, metric).items() if s in SEEDS}
+        if g.method in plan.rows and all(getattr(g, k) == v for k, v in CELL.items()):
+            out[g.method] = {s: v for s, v in g.by_seed(mode, metric).items() if s in plan.seeds}
     return out
 
 
-def compare(groups: list[report.Group]) -> list[Comparison]:
-    rows = rows_by_seed(groups)
+def compare(groups: list[report.Group], plan: Plan = FIRST) -> list[Comparison]:
+    rows = rows_by_seed(groups, plan=plan)
     out = []
-    for name, a, b, claim in COMPARISONS:
+    for name, a, b, claim in plan.comparisons:
         seeds = sorted(rows[a].keys() & rows[b].keys(), key=int)
         out.append(Comparison(name, a, b, claim, [rows[a][s] - rows[b][s] for s in seeds]))
     done = [c for c in out if c.n >= 2]
@@ -97,18 +118,18 @@ def compare(groups: list[report.Group]) -> list[Comparison]:
     return out
 
 
-def render(groups: list[report.Group]) -> str:
-    comps = compare(groups)
-    lines = ["# The pre-registered confirmation (docs/preregistration.md)", "",
-             "Seq-CIFAR-10-LT, ordered, IR 0.01, buffer 200, proxy budget, CPU fp32, seeds 100-109. "
-             "Final Class-IL ACC (%).", "", "| row | grid row | n | Class-IL | Task-IL | minority tasks' Class-IL |",
-             "|---|---|---|---|---|---|"]
-    for label, row in ROWS.items():
+def render(groups: list[report.Group], plan: Plan = FIRST) -> str:
+    comps = compare(groups, plan)
+    lines = [f"# {plan.title} (docs/preregistration.md)", "",
+             "Seq-CIFAR-10-LT, ordered, IR 0.01, buffer 200, proxy budget, CPU fp32, seeds "
+             f"{plan.seeds[0]}-{plan.seeds[-1]}. Final Class-IL ACC (%).", "",
+             "| row | grid row | n | Class-IL | Task-IL | minority tasks' Class-IL |", "|---|---|---|---|---|---|"]
+    for label, row in plan.rows.items():
         cells = []
         for mode, metric in (("class_il", "acc"), ("task_il", "acc"), ("class_il", "minority_acc")):
-            v = list(rows_by_seed(groups, mode, metric)[label].values())
+            v = list(rows_by_seed(groups, mode, metric, plan)[label].values())
             cells.append("-" if not v else f"{statistics.fmean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0:.2f}")
-        n = len(rows_by_seed(groups)[label])
+        n = len(rows_by_seed(groups, plan=plan)[label])
         lines.append(f"| {label} | `{row}` | {n} | " + " | ".join(cells) + " |")
     lines += ["", "| # | A - B | n | mean | 95% interval | p | Holm p | verdict | the paper |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -119,18 +140,20 @@ def render(groups: list[report.Group]) -> str:
         low, high = c.interval()
         lines.append(f"| {c.name} | {c.a} - {c.b} | {c.n} | {c.mean:+.2f} | [{low:+.2f}, {high:+.2f}] | "
                      f"{c.p:.3g} | {c.holm:.3g} | {c.verdict()} | {c.claim} |")
-    if any(c.n < len(SEEDS) for c in comps):
-        lines += ["", f"INCOMPLETE: the plan is n = {len(SEEDS)} for every comparison; until then these are "
+    if any(c.n < len(plan.seeds) for c in comps):
+        lines += ["", f"INCOMPLETE: the plan is n = {len(plan.seeds)} for every comparison; until then these are "
                       "progress figures, not the pre-registered verdicts."]
     return "\n".join(lines) + "\n"
 
 
-def run(tracking_uri: str | None = None, experiment: str = report.DEFAULT_EXPERIMENT) -> str:
+def run(tracking_uri: str | None = None, experiment: str = report.DEFAULT_EXPERIMENT, which: str = "defaults") -> str:
+    from pbr.errors import UserError
+
+    if which not in PLANS:
+        raise UserError(f"pbr confirm {which}: no such confirmation; use one of {' | '.join(PLANS)}")
     uri = tracking_uri or report._default_uri()
     runs = report.collect_runs(uri, experiment)
     if not runs:
-        from pbr.errors import UserError
-
         raise UserError(report.no_runs_message(uri, experiment))
     groups, _ = report.group_runs(runs)
-    return render(groups)
+    return render(groups, PLANS[which])
