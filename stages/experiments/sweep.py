@@ -13,7 +13,6 @@ Run the queue with `dvc queue start -j N`, then `pbr report` builds the tables f
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -424,7 +423,9 @@ def auto_jobs(runs: list[Run], params_file: Path, cuda_devices: int | None = Non
         if cuda_devices > 0 or any(str(d) == "cuda" for d, _ in settings):
             return GPU_JOBS, f"{GPU_JOBS} runs at once, the count that saturates one GPU (docs/benchmarks.md)"
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        from stages.runtime.threads import available_cores
+
+        cores = available_cores()
     threads = max(1 if t == "auto" else int(t) for _, t in settings)
     n = max(1, cores // threads)
     return n, f"{n} run(s) at once: {cores} CPU core(s), {threads} torch thread(s) a run"

@@ -50,14 +50,18 @@ def compute_pids(proc: Path = Path("/proc")) -> set[int]:
     return pids
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its affinity where the OS says, else the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def resolve(setting: int | str) -> int:
     if setting != "auto":
         return int(setting)
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, queue_workers(), len(compute_pids())))
+    return max(1, available_cores() // max(1, queue_workers(), len(compute_pids())))
 
 
 def configure(setting: int | str) -> int:
