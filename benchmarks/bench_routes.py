@@ -496,26 +496,6 @@ def _atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def start_mps(folder: str) -> tuple[dict | None, str]:
-    """Start a user-level MPS control daemon with its pipe and log in `folder`; (env, why not)."""
-    env = {"CUDA_MPS_PIPE_DIRECTORY": f"{folder}/pipe", "CUDA_MPS_LOG_DIRECTORY": f"{folder}/log"}
-    for d in env.values():
-        os.makedirs(d, exist_ok=True)
-    try:
-        p = subprocess.run(["nvidia-cuda-mps-control", "-d"], env={**os.environ, **env}, capture_output=True,
-                           text=True, timeout=20)
-    except (FileNotFoundError, subprocess.TimeoutExpired) as e:
-        return None, f"no MPS: {type(e).__name__}: {e}"
-    if p.returncode != 0:
-        return None, f"no MPS: nvidia-cuda-mps-control -d exit {p.returncode}: {(p.stderr or p.stdout).strip()[:200]}"
-    return env, ""
-
-
-def stop_mps(env: dict) -> None:
-    subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env={**os.environ, **env}, capture_output=True,
-                   text=True, timeout=20)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default=None, help="cuda where there is one, else cpu")
@@ -606,7 +586,9 @@ def main() -> None:
             r.record("mps", "", status="skipped", note="MPS is CUDA's")
         else:
             with tempfile.TemporaryDirectory() as folder:
-                env, why = start_mps(folder)
+                from stages.runtime import mps
+
+                env, why = mps.start(folder)
                 if env is None:
                     r.record("mps", "", status="skipped", note=why)
                 else:
@@ -615,7 +597,7 @@ def main() -> None:
                             r.windows("mps", n, env=env)
                         r.windows("mps", 4, n_lanes=best_n, env=env)
                     finally:
-                        stop_mps(env)
+                        mps.stop(env)
     if "lanes-cl" in routes:
         if cpu_tiny:
             r.record("lanes-cl", "fp32/bf16", status="skipped",

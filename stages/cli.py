@@ -135,8 +135,11 @@ def sweep(
                                                     "--shard $((SLURM_ARRAY_TASK_ID+1))/$SLURM_ARRAY_TASK_COUNT)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the dvc commands; queue nothing."),
     jobs_: str = typer.Option("0", "--jobs", "-j", help="Start this many queue workers after queueing (0: don't); "
-                                                        "with --offline, runs at a time (0: 1). auto: 4 on a GPU (the "
-                                                        "count that saturates one), else one per core."),
+                                                        "with --offline, runs at a time (0: 1). auto: on a GPU 8 under "
+                                                        "MPS (4 without), else one per core."),
+    gpu_share: str = typer.Option("auto", "--gpu-share", help="With --offline on a CUDA GPU: auto runs the runs "
+                                                              "under a CUDA MPS server of the sweep's own where one "
+                                                              "starts; mps insists; off time-slices (docs/gpu.md)."),
     offline: Path | None = typer.Option(None, "--offline", help="Run the grid here and now without DVC or a tracking "
                                                                "server: each run in DIR/runs/NAME, recorded in "
                                                                "DIR/mlflow.db; then `pbr import DIR` (docs/offline.md)."),
@@ -159,16 +162,25 @@ def sweep(
         typer.echo("\n".join(r.command() for r in runs))
         typer.echo(f"{len(runs)} runs", err=True)
         return
-    if jobs == "auto":
-        jobs, why = stage.auto_jobs(runs, params)
-        typer.echo(f"--jobs auto: {why}", err=True)
-    if offline is not None:
-        from stages.experiments import offline as direct
+    from stages.runtime import mps
 
-        _, _, failed = direct.run_all(runs, offline, params, jobs=max(jobs, 1), log=lambda m: typer.echo(m, err=True))
-        if failed:
-            raise typer.Exit(1)
-        return
+    share = mps.parse_mode(gpu_share)
+    if offline is None and share == "mps":
+        raise UserError("--gpu-share mps: MPS serves --offline sweeps only (the sweep starts and stops its "
+                        "server); DVC's queue workers outlive the command")
+    gpu = stage.on_gpu(runs, params) if offline is not None or jobs == "auto" else False
+    with mps.shared(share if offline is not None else "off", gpu, log=lambda m: typer.echo(m, err=True)) as shared:
+        if jobs == "auto":
+            jobs, why = stage.auto_jobs(runs, params, gpu, shared)
+            typer.echo(f"--jobs auto: {why}", err=True)
+        if offline is not None:
+            from stages.experiments import offline as direct
+
+            _, _, failed = direct.run_all(runs, offline, params, jobs=max(jobs, 1),
+                                          log=lambda m: typer.echo(m, err=True))
+            if failed:
+                raise typer.Exit(1)
+            return
     from stages.runtime import tracking
 
     # The store is created once, before parallel workers open it.

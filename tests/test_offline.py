@@ -61,6 +61,9 @@ def test_an_offline_sweep_runs_records_resumes_and_imports(tmp_path):
         m = json.loads((d / "reports/metrics.json").read_text())
         assert run.data.metrics["class_il.acc"] == pytest.approx(m["class_il"]["acc"], abs=1e-4)
         assert run.data.params["seed"] == "7" and run.info.status == "FINISHED"
+        # A CPU run shares no GPU, whatever --gpu-share (auto here) would do on one.
+        assert run.data.tags["pbr.gpu_sharing"] == "none"
+        assert json.loads((d / "artifacts/train/run.json").read_text())["gpu_sharing"] == "none"
     report = _pbr("report", "--no-log", "--csv", str(tmp_path / "r.csv"), cwd=tmp_path, env=env)
     assert report.returncode == 0, report.stderr[-2000:]
     rows = [line.split("|")[2].strip() for line in report.stdout.splitlines() if line.startswith("| ")]

@@ -213,16 +213,19 @@ def test_a_bad_shard_is_a_one_line_error(text):
 def test_jobs_auto_fills_one_gpu_or_the_cores():
     rows = {"row": ["pbr", "er-lr0.1"]}
     runs = _plan("fidelity", seeds=2, only=rows, budget="proxy")
-    # A GPU machine (train.device auto means cuda there): four at once, whatever its cores.
-    assert sweep.auto_jobs(runs, PARAMS, cuda_devices=1, cores=16)[0] == 4
-    assert sweep.auto_jobs(runs, PARAMS, cuda_devices=2, cores=2)[0] == 4
-    # A CPU: one run per core with threads auto (each then takes one), fewer when a run takes more.
-    assert sweep.auto_jobs(runs, PARAMS, cuda_devices=0, cores=16)[0] == 16
-    assert sweep.auto_jobs(_plan("fidelity", 2, {"train.threads": 3}, rows, "proxy"), PARAMS, 0, 16)[0] == 5
-    assert sweep.auto_jobs(_plan("fidelity", 2, {"train.threads": 4}, rows, "proxy"), PARAMS, 0, 2)[0] == 1
+    # train.device auto means cuda on a GPU machine; cuda is a GPU sweep even where none is seen yet.
+    assert sweep.on_gpu(runs, PARAMS, cuda_devices=1) and not sweep.on_gpu(runs, PARAMS, cuda_devices=0)
+    assert sweep.on_gpu(_plan("fidelity", 2, {"train.device": "cuda"}, rows, "proxy"), PARAMS, cuda_devices=0)
     # A sweep pinned to the CPU stays a CPU sweep on a GPU machine.
     pinned = _plan("fidelity", 2, {"train.device": "cpu"}, rows, "proxy")
-    assert sweep.auto_jobs(pinned, PARAMS, cuda_devices=1, cores=8)[0] == 8
+    assert not sweep.on_gpu(pinned, PARAMS, cuda_devices=1)
+    # A GPU: four at once without MPS, eight with it, whatever the cores.
+    assert sweep.auto_jobs(runs, PARAMS, gpu=True, cores=16)[0] == 4
+    assert sweep.auto_jobs(runs, PARAMS, gpu=True, mps=True, cores=2)[0] == 8
+    # A CPU: one run per core with threads auto (each then takes one), fewer when a run takes more.
+    assert sweep.auto_jobs(runs, PARAMS, gpu=False, cores=16)[0] == 16
+    assert sweep.auto_jobs(_plan("fidelity", 2, {"train.threads": 3}, rows, "proxy"), PARAMS, False, cores=16)[0] == 5
+    assert sweep.auto_jobs(_plan("fidelity", 2, {"train.threads": 4}, rows, "proxy"), PARAMS, False, cores=2)[0] == 1
 
 
 @pytest.mark.parametrize("text", ["-1", "many", "2.5", ""])

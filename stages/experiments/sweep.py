@@ -393,9 +393,11 @@ def shard(runs: list[Run], k: int, n: int) -> list[Run]:
     return [r for r in runs if r.name in mine]
 
 
-# Runs at once that saturate one GPU: four processes of the ER step reach 1.7x one process's
-# images/s on an H200 and more add nothing (docs/benchmarks.md, Runs per hour on one GPU).
+# Runs at once on one GPU. Without MPS four processes of the ER step saturate it (1.7x one
+# process's images/s on an H200) and more add nothing; under MPS eight reach 1.76x four without it
+# on an H100, and twelve or sixteen no more than eight (docs/gpu.md, Measured on an H100).
 GPU_JOBS = 4
+MPS_JOBS = 8
 
 
 def parse_jobs(text: str) -> int | str:
@@ -407,26 +409,37 @@ def parse_jobs(text: str) -> int | str:
     raise UserError(f"--jobs {text}: give a number of runs at once (0 or more) or auto")
 
 
-def auto_jobs(runs: list[Run], params_file: Path, cuda_devices: int | None = None,
-              cores: int | None = None) -> tuple[int, str]:
-    """`--jobs auto`: how many runs at once, and why. On a GPU (a run's `train.device` is cuda, or
-    auto on a machine that has one) the count measured to saturate it; on a CPU one run per
-    `train.threads` cores (one per core when threads are auto: each run then takes one)."""
+def on_gpu(runs: list[Run], params_file: Path, cuda_devices: int | None = None) -> bool:
+    """Whether the runs train on a CUDA GPU: a run's `train.device` is cuda, or auto on a machine
+    that has one."""
     base = yaml.safe_load(params_file.read_text())
-    settings = [(_lookup(base, r.overrides, "train.device"), _lookup(base, r.overrides, "train.threads"))
-                for r in runs]
-    if any(str(d) != "cpu" for d, _ in settings):
-        if cuda_devices is None:
-            import torch
+    devices = [str(_lookup(base, r.overrides, "train.device")) for r in runs]
+    if all(d == "cpu" for d in devices):
+        return False
+    if any(d == "cuda" for d in devices):
+        return True
+    if cuda_devices is None:
+        import torch
 
-            cuda_devices = torch.cuda.device_count()
-        if cuda_devices > 0 or any(str(d) == "cuda" for d, _ in settings):
-            return GPU_JOBS, f"{GPU_JOBS} runs at once, the count that saturates one GPU (docs/benchmarks.md)"
+        cuda_devices = torch.cuda.device_count()
+    return cuda_devices > 0
+
+
+def auto_jobs(runs: list[Run], params_file: Path, gpu: bool, mps: bool = False,
+              cores: int | None = None) -> tuple[int, str]:
+    """`--jobs auto`: how many runs at once, and why. On a GPU the count measured best (with or
+    without MPS); on a CPU one run per `train.threads` cores (one per core when threads are auto:
+    each run then takes one)."""
+    if gpu:
+        if mps:
+            return MPS_JOBS, f"{MPS_JOBS} runs at once sharing one GPU through MPS, the count measured best (docs/gpu.md)"
+        return GPU_JOBS, f"{GPU_JOBS} runs at once, the count that saturates one GPU without MPS (docs/benchmarks.md)"
     if cores is None:
         from stages.runtime.threads import available_cores
 
         cores = available_cores()
-    threads = max(1 if t == "auto" else int(t) for _, t in settings)
+    base = yaml.safe_load(params_file.read_text())
+    threads = max(1 if t == "auto" else int(t) for t in (_lookup(base, r.overrides, "train.threads") for r in runs))
     n = max(1, cores // threads)
     return n, f"{n} run(s) at once: {cores} CPU core(s), {threads} torch thread(s) a run"
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from pbr.errors import UserError
-from stages.runtime import artifacts, faults, paths, resume, threads
+from stages.runtime import artifacts, faults, mps, paths, resume, threads
 from stages.runtime.config import Config
 from stages.pipeline.run_settings import RunSettings
 from stages.pipeline.trained import build_method
@@ -213,11 +213,12 @@ def _record_run(out: Path, fp: str, s: RunSettings, device, n_threads: int, n_ta
         from pbr.data.shards import manifest_hash
 
         tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED), "pbr.device": str(device),
-                          "pbr.threads": n_threads, **s.tags()})
-    # threads are recorded, not fingerprinted: a run resumed with other threads goes on (results may
+                          "pbr.gpu_sharing": mps.sharing(device), "pbr.threads": n_threads, **s.tags()})
+    # threads and GPU sharing are recorded, not fingerprinted: a run resumed with other threads goes on (results may
     # differ in the last digits, as any change of thread count does on a CPU).
     artifacts.write_text(out / "run.json", json.dumps({"fingerprint": fp, "settings": s.values, "sources": s.sources,
-                                                       "device": str(device), "threads": n_threads,
+                                                       "device": str(device), "gpu_sharing": mps.sharing(device),
+                                                       "threads": n_threads,
                                                        "n_tasks": n_tasks}, indent=1))
     resume.keep(out, "run.json", fp)
 

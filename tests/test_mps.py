@@ -1,0 +1,78 @@
+"""`pbr sweep --gpu-share`: a CUDA MPS server of the sweep's own, where one starts.
+
+The daemon itself needs a GPU (checked by benchmarks/gpu_session.sh on one); here, what a machine
+without one, or with one whose daemon will not start, gets: the runs as before, or a one-line error."""
+
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT
+from pbr.errors import UserError
+from stages.runtime import mps
+
+
+@pytest.fixture
+def no_control(tmp_path, monkeypatch):
+    """A PATH without nvidia-cuda-mps-control (CI's machines have no GPU driver)."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv(mps.PIPE, raising=False)
+    return empty
+
+
+def test_auto_falls_back_and_mps_insists(no_control):
+    said = []
+    with mps.shared("auto", True, log=said.append) as shared:
+        assert shared is False and mps.PIPE not in os.environ
+    assert said == ["--gpu-share auto: no MPS (nvidia-cuda-mps-control is not on PATH); the runs time-slice the GPU"]
+    with pytest.raises(UserError, match=r"^--gpu-share mps: MPS did not start \(nvidia-cuda-mps-control is not on "
+                                        r"PATH\); use --gpu-share off$"):
+        with mps.shared("mps", True):
+            pass
+    # Not on a GPU: auto and off leave the runs alone without looking for a daemon; mps refuses.
+    for mode in ("auto", "off"):
+        with mps.shared(mode, False, log=said.append) as shared:
+            assert shared is False
+    assert len(said) == 1
+    with pytest.raises(UserError, match="the runs do not use a CUDA GPU"):
+        with mps.shared("mps", False):
+            pass
+
+
+def test_a_daemon_that_fails_to_start_is_reported(no_control):
+    control = no_control / mps.CONTROL
+    control.write_text("#!/bin/sh\necho 'An instance of this daemon is already running' >&2\nexit 1\n")
+    control.chmod(0o755)
+    said = []
+    with mps.shared("auto", True, log=said.append) as shared:
+        assert shared is False and mps.PIPE not in os.environ
+    assert "-d exited 1: An instance of this daemon is already running" in said[0]
+
+
+def test_a_cpu_run_records_no_sharing_whatever_the_environment(monkeypatch):
+    import torch
+
+    monkeypatch.setenv(mps.PIPE, "/tmp/somewhere")
+    assert mps.sharing(torch.device("cpu")) == "none"
+    assert mps.sharing(torch.device("cuda")) == "mps"
+    monkeypatch.delenv(mps.PIPE)
+    assert mps.sharing(torch.device("cuda")) == "none"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--gpu-share", "often"], "--gpu-share often: give auto"),
+    (["--gpu-share", "mps"], "--gpu-share mps: MPS serves --offline sweeps only"),
+])
+def test_bad_gpu_share_is_a_one_line_error(args, needle, monkeypatch, capfd):
+    from stages import cli
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", ["pbr", "sweep", "fidelity", "--budget", "quick", "--seeds", "1",
+                                      "--only", "row=pbr", *args])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    err = [x for x in capfd.readouterr().err.splitlines() if x.strip()]
+    assert e.value.code == 2 and len(err) == 1 and needle in err[0], err
