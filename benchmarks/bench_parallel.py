@@ -39,6 +39,8 @@ def child(a) -> None:
                   lambda x, gen: aug(x, gen), lambda x: normalize(x, mean, std), g, replay_batch_size=a.batch)
     cls = METHODS[a.method]
     net = Net(10, a.width, cls.defaults["head"], dropout=cls.defaults["dropout"]).to(dev)
+    if a.compile != "none":  # as train.compile does: the network's forward and backward; the rest eager
+        net.compile(mode=None if a.compile == "default" else a.compile)
     m = create(a.method, net, ctx, buffer_size=200)
     m.begin_task(0, raw, labels)
     if cls.uses_buffer:
@@ -77,17 +79,21 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--seconds", type=float, default=6)
     ap.add_argument("--warmup", type=float, default=16, help="seconds each process gets to start and warm up")
+    ap.add_argument("--compile", default="none", choices=("none", "default", "reduce-overhead"),
+                    help="torch.compile the network (reduce-overhead: CUDA graphs on a GPU); raise --warmup to "
+                         "cover the compile")
     ap.add_argument("--start-at", type=float, default=None, help=argparse.SUPPRESS)  # a child process
     a = ap.parse_args()
     if a.start_at is not None:
         return child(a)
-    print(f"# {a.method} step, width {a.width}, batch {a.batch} (+{a.batch} replay), {a.device}, one thread a process")
+    print(f"# {a.method} step, width {a.width}, batch {a.batch} (+{a.batch} replay), {a.device}, one thread a process"
+          + ("" if a.compile == "none" else f", network compiled ({a.compile})"))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     base = None
     for n in (int(k) for k in a.processes.split(",")):
         start = time.time() + a.warmup
         cmd = [sys.executable, __file__, "--method", a.method, "--width", str(a.width), "--batch", str(a.batch),
-               "--device", a.device, "--seconds", str(a.seconds), "--start-at", str(start)]
+               "--device", a.device, "--seconds", str(a.seconds), "--compile", a.compile, "--start-at", str(start)]
         procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(n)]
         rates = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
         total = sum(r["img_s"] for r in rates)

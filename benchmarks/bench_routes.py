@@ -24,6 +24,10 @@ Routes, in this order (the most telling first, so a spent budget cuts the least 
   lanes-processes   N processes each training L lanes
   mps               processes and lanes-processes again under a CUDA MPS daemon started here
                     (user-level, its pipe in a temp folder; stopped at the end)
+  graphs-processes  `processes` with each process's network compiled with CUDA graphs
+                    (torch.compile, reduce-overhead; the method's buffer and data work stay eager)
+  mps-graphs        the same under an MPS daemon, N in --mps-processes: the combination the H100
+                    session left to measure (docs/gpu.md)
   lanes-cl          channels_last lanes, fp32 and bf16 (late: at batch 32 it slowed every method's
                     single step on an H200, docs/benchmarks.md)
   cudnn-benchmark   the best eager lanes with torch.backends.cudnn.benchmark on
@@ -57,7 +61,7 @@ from common import machine, row
 FULL_RUN_CURRENT_IMAGES = 620_000
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)
 ROUTES = ("baseline", "lanes", "lanes-bf16", "compile", "processes", "lanes-data", "lanes-data-batched",
-          "lockstep", "lanes-processes", "mps", "lanes-cl", "cudnn-benchmark")
+          "lockstep", "lanes-processes", "mps", "graphs-processes", "mps-graphs", "lanes-cl", "cudnn-benchmark")
 HERE = Path(__file__).resolve().parent
 
 
@@ -445,21 +449,24 @@ class Routes:
                 f"{res['cudagraph_skips']} CUDA-graph skips" + (f"; {skipped[0]}" if skipped else ""))
         self.record("compile", variant, max(n_lanes, 1), step_s=res["step_s"], note=note)
 
-    def windows(self, route, n_procs, n_lanes=0, env=None):
-        """N children over one timed window: bench_parallel's ER step (n_lanes 0) or our lanes."""
+    def windows(self, route, n_procs, n_lanes=0, env=None, graphs=False):
+        """N children over one timed window: bench_parallel's ER step (n_lanes 0; its network compiled
+        with CUDA graphs if `graphs`) or our lanes."""
         a = self.a
-        need = a.proc_warmup + a.window + 10
+        warmup = max(a.proc_warmup, a.graphs_warmup) if graphs else a.proc_warmup
+        need = warmup + a.window + 10
         if self.left() < need:
             return self.record(route, "er step" if not n_lanes else "fp32+data batched", max(n_lanes, 1), n_procs,
                                status="skipped", note="budget spent")
         if self.dev.type == "cuda":
             self.torch.cuda.empty_cache()
-        start = time.time() + a.proc_warmup
+        start = time.time() + warmup
         if n_lanes:
             cmd = [sys.executable, __file__, "--child", "window", "--lanes-n", str(n_lanes), "--dtype", "fp32",
                    "--threads", "1"]
         else:
             cmd = [sys.executable, str(HERE / "bench_parallel.py"), "--method", "er"]
+            cmd += ["--compile", "reduce-overhead"] if graphs else []
         cmd += ["--device", a.device, "--width", str(a.width), "--batch", str(a.batch),
                 "--seconds" if not n_lanes else "--window", str(a.window), "--start-at", str(start)]
         env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
@@ -474,7 +481,7 @@ class Routes:
                 out, err = p.communicate()
             res = _last_json(out)
             (results.append(res) if res and p.returncode == 0 else errors.append(_why(err, p.returncode)))
-        variant = "er step (bench_parallel)" if not n_lanes else "fp32+data batched"
+        variant = ("er step (bench_parallel)" + (", graphs" if graphs else "")) if not n_lanes else "fp32+data batched"
         if errors:
             return self.record(route, variant, max(n_lanes, 1), n_procs, status="failed",
                                note=f"{len(errors)} of {n_procs} children failed: {errors[0]}")
@@ -514,6 +521,8 @@ def main() -> None:
     ap.add_argument("--cap", type=float, default=25, help="seconds at most to time one row")
     ap.add_argument("--compile-cap", type=float, default=150, help="seconds at most for one compile child")
     ap.add_argument("--proc-warmup", type=float, default=16, help="seconds the processes get to start and warm up")
+    ap.add_argument("--graphs-warmup", type=float, default=100,
+                    help="seconds the compiled processes get to compile (in parallel) and warm up")
     ap.add_argument("--window", type=float, default=6, help="the processes' timed window")
     ap.add_argument("--threads", type=int, default=1, help="torch threads in each process (1, as bench_parallel: on a "
                     "shared CPU more threads oversubscribe the cores)")
@@ -598,6 +607,28 @@ def main() -> None:
                         r.windows("mps", 4, n_lanes=best_n, env=env)
                     finally:
                         mps.stop(env)
+    if "graphs-processes" in routes or "mps-graphs" in routes:
+        if not cuda:
+            for route in ("graphs-processes", "mps-graphs"):
+                if route in routes:
+                    r.record(route, "", status="skipped", note="CUDA graphs and MPS are CUDA's")
+        else:
+            if "graphs-processes" in routes:
+                for n in (int(k) for k in a.processes.split(",")):
+                    r.windows("graphs-processes", n, graphs=True)
+            if "mps-graphs" in routes:
+                with tempfile.TemporaryDirectory() as folder:
+                    from stages.runtime import mps
+
+                    env, why = mps.start(folder)
+                    if env is None:
+                        r.record("mps-graphs", "", status="skipped", note=why)
+                    else:
+                        try:
+                            for n in (int(k) for k in a.mps_processes.split(",")):
+                                r.windows("mps-graphs", n, env=env, graphs=True)
+                        finally:
+                            mps.stop(env)
     if "lanes-cl" in routes:
         if cpu_tiny:
             r.record("lanes-cl", "fp32/bf16", status="skipped",
