@@ -22,7 +22,8 @@ Routes, in this order (the most telling first, so a spent budget cuts the least 
                     network a lane of one Lanes; timed on a second task, where every step replays;
                     what the threads and the GIL cost against lanes-data*, beside one plain run
   lanes-processes   N processes each training L lanes
-  mps               processes and lanes-processes again under a CUDA MPS daemon started here
+  mps               processes (and lanes-processes, when that route runs) again under a CUDA MPS
+                    daemon started here
                     (user-level, its pipe in a temp folder; stopped at the end)
   graphs-processes  `processes` with each process's network compiled with CUDA graphs
                     (torch.compile, reduce-overhead; the method's buffer and data work stay eager)
@@ -604,7 +605,8 @@ def main() -> None:
                     try:
                         for n in (int(k) for k in a.mps_processes.split(",")):
                             r.windows("mps", n, env=env)
-                        r.windows("mps", 4, n_lanes=best_n, env=env)
+                        if "lanes-processes" in routes:  # lanes under MPS: with the route they extend
+                            r.windows("mps", 4, n_lanes=best_n, env=env)
                     finally:
                         mps.stop(env)
     if "graphs-processes" in routes or "mps-graphs" in routes:

@@ -1,0 +1,168 @@
+"""Whole runs on one GPU, with and without MPS: runs per hour through the training code itself.
+
+    python benchmarks/bench_runs_gpu.py --out $OUT                          # a GPU session, about 6 min
+    python benchmarks/bench_runs_gpu.py --device cpu --width 4 --small      # a smoke check, about a minute
+
+bench_routes times the ER step in a loop; this runs what `pbr sweep --offline` runs: each run its
+own process calling `stages.pipeline.train.run` (the code `pbr train` runs, without MLflow, which
+the GPU machines lack) on Seq-CIFAR-10-LT, ordered, IR 0.01, params.yaml's defaults but
+`--epochs` a task, PBR and ER (lr 0.1) seeds alike, as the fidelity grid mixes them:
+
+  mps   --mps-runs runs at once under an MPS daemon of stages.runtime.mps (what `--jobs auto` does)
+  off   --off-runs runs at once time-slicing the GPU, the first seeds of the same rows
+
+Each phase runs to completion; its runs/hour is runs x 3600 / wall seconds at this budget, and
+scaled to the full protocol's 50 epochs a task by x epochs / 50: an underestimate, since a run's
+fixed costs (start, data loading, each task's evaluation and PBR's MC-dropout scoring) do not
+grow with the epochs. A seed that ran in both phases must give the same accuracy rows (MPS runs
+each process's own kernels); any difference is printed. The data are CIFAR-10's exact format and
+size with random pixels (the archive cannot travel to the GPU machine): speed, not accuracy.
+Results go to --out as runs_gpu.json and runs_gpu.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+FULL_EPOCHS = 50
+ROWS = ("pbr", "er-lr0.1")
+
+
+def child(folder: Path) -> None:
+    """One run in `folder` (its params.yaml and data/prepared link): the train stage's own code."""
+    os.chdir(folder)
+    from stages.pipeline import train
+    from stages.runtime.config import load_config
+
+    summary = train.run(load_config("params.yaml"), log=lambda m: print(m, file=sys.stderr, flush=True))
+    last = summary["class_il"]["matrix"][-1]
+    print(json.dumps({"class_il_rows": summary["class_il"]["matrix"], "class_il": sum(last) / len(last)}), flush=True)
+
+
+def prepare(base: Path, a) -> dict:
+    """Fake CIFAR-10 in its archive format, prepared once; returns the params the runs start from."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import fakedata
+    from stages.pipeline import prepare as prep
+    from stages.runtime.config import from_dict
+
+    per_class = (200, 6) if a.small else (5000, 1000)
+    fakedata.write_cifar(base / "raw", 10, *per_class, mode="w")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["data"].update(root=str(base / "raw"), download=False)
+    params["model"]["width"] = a.width
+    params["train"].update(device=a.device, epochs=a.epochs)
+    cwd = os.getcwd()
+    os.chdir(base)
+    try:
+        prep.run(from_dict(params), log=lambda m: None)
+    finally:
+        os.chdir(cwd)
+    return params
+
+
+def phase(name: str, base: Path, params: dict, runs: list, env: dict) -> dict:
+    import yaml
+
+    from stages.experiments.sweep import _merged
+
+    procs = []
+    t0 = time.time()
+    for r in runs:
+        d = base / name / r.name
+        (d / "data").mkdir(parents=True)
+        (d / "data" / "prepared").symlink_to(base / "data" / "prepared")
+        (d / "params.yaml").write_text(yaml.safe_dump(_merged(params, r.overrides), sort_keys=False))
+        log = open(d / "run.log", "w")
+        procs.append((r, subprocess.Popen([sys.executable, __file__, "--child", str(d)], env=env, stdout=subprocess.PIPE,
+                                          stderr=log, text=True)))
+        log.close()
+    out = {}
+    for r, p in procs:
+        text, _ = p.communicate()
+        res = json.loads(text.strip().splitlines()[-1]) if p.returncode == 0 and text.strip() else None
+        out[r.name] = res or {"failed": f"exit {p.returncode}; see {base / name / r.name / 'run.log'}"}
+    return {"runs": out, "wall_s": time.time() - t0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=10, help="epochs a task (the full protocol has 50)")
+    ap.add_argument("--mps-runs", type=int, default=8)
+    ap.add_argument("--off-runs", type=int, default=4)
+    ap.add_argument("--small", action="store_true", help="200 training images a class: a smoke check")
+    ap.add_argument("--out", default=os.environ.get("OUT") or "bench_runs_gpu_out")
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    if a.child:
+        return child(a.child)
+    from stages.experiments.sweep import plan
+    from stages.runtime import mps
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+           "OMP_NUM_THREADS": "1"}
+    result = {"meta": {"device": a.device, "width": a.width, "epochs": a.epochs, "started": time.strftime(
+        "%Y-%m-%d %H:%M:%S UTC", time.gmtime())}, "phases": {}}
+    if a.device == "cuda":
+        import torch
+
+        result["meta"]["gpu"] = torch.cuda.get_device_name(0)
+        result["meta"]["torch"] = torch.__version__
+    with tempfile.TemporaryDirectory(prefix="pbr-runs-") as tmp:
+        base = Path(tmp)
+        t = time.time()
+        params = prepare(base, a)
+        result["meta"]["prepare_s"] = round(time.time() - t, 1)
+        seeds = max(a.mps_runs, a.off_runs) // len(ROWS) + 1
+        grid = plan("fidelity", list(range(seeds)), {}, {"row": list(ROWS)}, ROOT / "params.yaml", "full")
+        by_seed = sorted(grid, key=lambda r: (r.overrides["seed"], r.name))
+        for name, n, mode in (("mps", a.mps_runs, "mps"), ("off", a.off_runs, "off")):
+            on = a.device == "cuda"
+            try:
+                with mps.shared(mode if on else "off", on, log=lambda m: print(m, flush=True)) as shared:
+                    res = phase(name, base, params, by_seed[:n], {**env, **{k: os.environ[k] for k in
+                                                                            (mps.PIPE, mps.LOG) if k in os.environ}})
+            except Exception as e:  # MPS refused: recorded, the other phase still runs
+                res = {"failed": f"{type(e).__name__}: {e}"}
+                shared = False
+            res.update(runs_at_once=n, mps=bool(shared))
+            if "wall_s" in res:
+                res["runs_per_hour"] = n * 3600 / res["wall_s"]
+                res["full_protocol_runs_per_hour"] = res["runs_per_hour"] * a.epochs / FULL_EPOCHS
+            result["phases"][name] = res
+            print(json.dumps({name: {k: v for k, v in res.items() if k != "runs"}}), flush=True)
+        both = [k for k in result["phases"]["off"].get("runs", {}) if k in result["phases"]["mps"].get("runs", {})]
+        result["same_seeds"] = {k: {p: result["phases"][p]["runs"][k].get("class_il") for p in ("mps", "off")}
+                                for k in both}
+        result["same_rows"] = all(result["phases"]["mps"]["runs"][k].get("class_il_rows") ==
+                                  result["phases"]["off"]["runs"][k].get("class_il_rows") for k in both)
+    (out / "runs_gpu.json").write_text(json.dumps(result, indent=1))
+    lines = [f"# whole runs, {result['meta']}", "", "| phase | runs at once | MPS | wall s | runs/hour at this budget | "
+             "full-protocol runs/hour (scaled, an underestimate) |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, res in result["phases"].items():
+        lines.append(f"| {name} | {res['runs_at_once']} | {res['mps']} | {res.get('wall_s', 0):.0f} | "
+                     f"{res.get('runs_per_hour', 0):.1f} | {res.get('full_protocol_runs_per_hour', 0):.1f} |")
+    lines += ["", f"seeds in both phases, final Class-IL (mps / off): {result['same_seeds']}; accuracy rows identical: "
+              f"{result['same_rows']}"]
+    (out / "runs_gpu.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
