@@ -10,6 +10,8 @@ the GPU machines lack) on Seq-CIFAR-10-LT, ordered, IR 0.01, params.yaml's defau
 
   mps   --mps-runs runs at once under an MPS daemon of stages.runtime.mps (what `--jobs auto` does)
   off   --off-runs runs at once time-slicing the GPU, the first seeds of the same rows
+  mps-graphs  as mps, with `train.compile: graphs` (the network as CUDA graphs): the combination
+              most likely to approach 120 runs an hour (docs/gpu.md)
 
 Each phase runs to completion; its runs/hour is runs x 3600 / wall seconds at this budget, and
 scaled to the full protocol's 50 epochs a task by x epochs / 50: an underestimate, since a run's
@@ -92,8 +94,33 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict) -> dict:
     for r, p in procs:
         text, _ = p.communicate()
         res = json.loads(text.strip().splitlines()[-1]) if p.returncode == 0 and text.strip() else None
-        out[r.name] = res or {"failed": f"exit {p.returncode}; see {base / name / r.name / 'run.log'}"}
+        if res is None:  # the folder goes with the temporary one: keep the log's end
+            tail = (base / name / r.name / "run.log").read_text().strip().splitlines()[-3:]
+            res = {"failed": f"exit {p.returncode}: " + " | ".join(tail)[-600:]}
+        out[r.name] = res
     return {"runs": out, "wall_s": time.time() - t0}
+
+
+def write(out: Path, result: dict) -> None:
+    """runs_gpu.json and runs_gpu.md as they stand (after every phase: a call cut short keeps them)."""
+    ran = {k: v.get("runs", {}) for k, v in result["phases"].items()}
+    both = [k for k in ran.get("off", {}) if k in ran.get("mps", {})]
+    result["same_seeds"] = {k: {p: ran[p][k].get("class_il") for p in ran if k in ran[p]} for k in both}
+    result["same_rows"] = all(ran["mps"][k].get("class_il_rows") == ran["off"][k].get("class_il_rows") for k in both)
+    (out / "runs_gpu.json").write_text(json.dumps(result, indent=1))
+    lines = [f"# whole runs, {result['meta']}", "", "| phase | runs at once | MPS | wall s | runs/hour at this budget | "
+             "full-protocol runs/hour (scaled, an underestimate) |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, res in result["phases"].items():
+        if "wall_s" not in res:
+            lines.append(f"| {name} | {res['runs_at_once']} | {res['mps']} | {res.get('skipped') or res.get('failed')} | | |")
+            continue
+        failed = [k for k, v in res["runs"].items() if "failed" in v]
+        lines.append(f"| {name} | {res['runs_at_once']} | {res['mps']} | {res['wall_s']:.0f} | {res['runs_per_hour']:.1f}"
+                     f" | {res['full_protocol_runs_per_hour']:.1f} |" + (f" failed: {failed}" if failed else ""))
+    lines += ["", f"seeds in both mps and off, final Class-IL by phase: {result['same_seeds']}; mps and off rows "
+              f"identical: {result['same_rows']}"]
+    (out / "runs_gpu.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
 
 
 def main() -> None:
@@ -103,6 +130,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=10, help="epochs a task (the full protocol has 50)")
     ap.add_argument("--mps-runs", type=int, default=8)
     ap.add_argument("--off-runs", type=int, default=4)
+    ap.add_argument("--phases", default="mps,off,mps-graphs", help="comma list of mps, off, mps-graphs, in order")
     ap.add_argument("--small", action="store_true", help="200 training images a class: a smoke check")
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench_runs_gpu_out")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
@@ -132,36 +160,31 @@ def main() -> None:
         seeds = max(a.mps_runs, a.off_runs) // len(ROWS) + 1
         grid = plan("fidelity", list(range(seeds)), {}, {"row": list(ROWS)}, ROOT / "params.yaml", "full")
         by_seed = sorted(grid, key=lambda r: (r.overrides["seed"], r.name))
-        for name, n, mode in (("mps", a.mps_runs, "mps"), ("off", a.off_runs, "off")):
+        phases = {"mps": (a.mps_runs, "mps", False), "off": (a.off_runs, "off", False),
+                  "mps-graphs": (a.mps_runs, "mps", True)}
+        for name in a.phases.split(","):
+            n, mode, graphs = phases[name]
             on = a.device == "cuda"
+            if graphs and not on:
+                result["phases"][name] = {"runs_at_once": n, "mps": False, "skipped": "CUDA graphs need a GPU"}
+                write(out, result)
+                continue
+            p = {**params, "train": {**params["train"], "compile": "graphs" if graphs else False}}
             try:
                 with mps.shared(mode if on else "off", on, log=lambda m: print(m, flush=True)) as shared:
-                    res = phase(name, base, params, by_seed[:n], {**env, **{k: os.environ[k] for k in
-                                                                            (mps.PIPE, mps.LOG) if k in os.environ}})
+                    res = phase(name, base, p, by_seed[:n], {**env, **{k: os.environ[k] for k in
+                                                                       (mps.PIPE, mps.LOG) if k in os.environ}})
             except Exception as e:  # MPS refused: recorded, the other phase still runs
                 res = {"failed": f"{type(e).__name__}: {e}"}
                 shared = False
             res.update(runs_at_once=n, mps=bool(shared))
             if "wall_s" in res:
-                res["runs_per_hour"] = n * 3600 / res["wall_s"]
+                ok = sum("failed" not in v for v in res["runs"].values())  # a failed run is no run
+                res["runs_per_hour"] = ok * 3600 / res["wall_s"]
                 res["full_protocol_runs_per_hour"] = res["runs_per_hour"] * a.epochs / FULL_EPOCHS
             result["phases"][name] = res
-            print(json.dumps({name: {k: v for k, v in res.items() if k != "runs"}}), flush=True)
-        both = [k for k in result["phases"]["off"].get("runs", {}) if k in result["phases"]["mps"].get("runs", {})]
-        result["same_seeds"] = {k: {p: result["phases"][p]["runs"][k].get("class_il") for p in ("mps", "off")}
-                                for k in both}
-        result["same_rows"] = all(result["phases"]["mps"]["runs"][k].get("class_il_rows") ==
-                                  result["phases"]["off"]["runs"][k].get("class_il_rows") for k in both)
-    (out / "runs_gpu.json").write_text(json.dumps(result, indent=1))
-    lines = [f"# whole runs, {result['meta']}", "", "| phase | runs at once | MPS | wall s | runs/hour at this budget | "
-             "full-protocol runs/hour (scaled, an underestimate) |", "| --- | --- | --- | --- | --- | --- |"]
-    for name, res in result["phases"].items():
-        lines.append(f"| {name} | {res['runs_at_once']} | {res['mps']} | {res.get('wall_s', 0):.0f} | "
-                     f"{res.get('runs_per_hour', 0):.1f} | {res.get('full_protocol_runs_per_hour', 0):.1f} |")
-    lines += ["", f"seeds in both phases, final Class-IL (mps / off): {result['same_seeds']}; accuracy rows identical: "
-              f"{result['same_rows']}"]
-    (out / "runs_gpu.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+            write(out, result)
+    write(out, result)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ def fit_task(
         for start in range(0, n, batch_size):
             idx = perm[start:start + batch_size]
             raw, y = images[idx], labels[idx]
+            if ctx.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()
             with torch.autocast(ctx.device.type, dtype=ctx.autocast_dtype or torch.bfloat16,
                                 enabled=ctx.autocast_dtype is not None):
                 loss = method.observe(ctx.augment(raw, ctx.generator), y, raw)

@@ -178,6 +178,9 @@ def test_compile_at_a_width_that_crashes_torch_is_refused_before_writing(workdir
 
     with pytest.raises(UserError, match="train.compile = true with model.width = 4 crashes"):
         _train(_cfg(prepared / "raw", train={"compile": True}))
+    # CUDA graphs exist on a GPU only: a CPU run says so rather than compiling without them.
+    with pytest.raises(UserError, match="train.compile = graphs needs a CUDA GPU .* this run trains on cpu"):
+        _train(_cfg(prepared / "raw", train={"compile": "graphs", "device": "cpu"}))
     assert not (workdir / "artifacts").exists()
 
 

@@ -31,6 +31,9 @@ class Context:
     replay_batch_size: int = 32
     eval_batch_size: int = 128
     autocast_dtype: torch.dtype | None = None  # e.g. torch.bfloat16 for the training step
+    # The network runs as CUDA graphs (compiled with mode reduce-overhead): each training step then
+    # starts a new graph generation, so a step never reads outputs the previous one overwrote.
+    cuda_graphs: bool = False
 
     def seen_classes(self, task: int) -> torch.Tensor:
         """Classes of tasks 0..task."""

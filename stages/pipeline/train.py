@@ -186,6 +186,9 @@ def _refuse(cfg: Config, manifest: dict, s: RunSettings, device) -> None:
         raise UserError(f"method.buffer_size = {s['buffer_size']} is larger than the whole training stream "
                         f"({stream} samples in {paths.PREPARED}): the buffer would keep every sample; use at "
                         f"most {stream}, or method.name = joint for training on everything")
+    if s["compile"] == "graphs" and device.type != "cuda":
+        raise UserError(f"train.compile = graphs needs a CUDA GPU (CUDA graphs); this run trains on {device.type}: "
+                        "use train.compile: true or false")
     if s["compile"] and device.type == "cpu" and s["width"] < 8:
         # torch 2.14's compiled CPU kernels crash the process (double free) at width 4.
         raise UserError(f"train.compile = true with model.width = {s['width']} crashes torch's compiled "
@@ -265,7 +268,9 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     train_sets, test_sets = _load_tasks(manifest, device)
     method = build_method(s, manifest, device, gen, init_gen)
     if s["compile"]:
-        method.net.compile()  # the forward only: state_dict keys stay the same; copies (the teacher) run eager
+        # The network's forward (and backward): state_dict keys stay the same; copies (the teacher) run eager.
+        method.ctx.cuda_graphs = s["compile"] == "graphs"
+        method.net.compile(mode="reduce-overhead" if method.ctx.cuda_graphs else None)
 
     rows: dict = {"class_il": [], "task_il": []}
     epochs_log: list = []
