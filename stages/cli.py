@@ -172,7 +172,8 @@ def sweep(
     with mps.shared(share if offline is not None else "off", gpu, log=lambda m: typer.echo(m, err=True)) as shared:
         if jobs == "auto":
             jobs, why = stage.auto_jobs(runs, params, gpu, shared)
-            typer.echo(f"--jobs auto: {why}", err=True)
+            hint = "; --offline runs 8 under MPS (docs/gpu.md)" if gpu and offline is None else ""
+            typer.echo(f"--jobs auto: {why}{hint}", err=True)
         if offline is not None:
             from stages.experiments import offline as direct
 
