@@ -96,7 +96,8 @@ def report(
 @app.command()
 def confirm(
     which: str = typer.Argument("defaults", help="defaults: C1-C5 on seeds 100-109; outliers: C6, the top 5% MI "
-                                                 "left out against the default, on seeds 200-209."),
+                                                 "left out against the default, on seeds 200-209; walkpool: C7, the "
+                                                 "walk over buffer and task against the default, on seeds 200-209."),
     experiment: str = typer.Option(None, "--experiment",
                                    help="MLflow experiment to read (default: $MLFLOW_EXPERIMENT_NAME, else pbr)."),
     tracking_uri: str | None = typer.Option(

@@ -96,8 +96,27 @@ def test_the_second_confirmation_compares_its_own_rows_on_its_own_seeds():
     assert "| PBR | `pbr` | 3 | 44.67 ± 1.53 |" in text and "INCOMPLETE" in text and "C1" not in text
 
 
+def test_the_third_confirmation_reads_the_walk_pool_rows_only():
+    """C7 pairs `pbr-pool-buffer_and_task` with `pbr` by seed on 200-209; the second plan's reading on
+    the same seeds is not part of it."""
+    pool = {**BASE, "method.name": "pbr", "method.pbr.walk_pool": "buffer_and_task"}
+    out = {**BASE, "method.name": "pbr", "method.pbr.mi_outliers": "0.05"}
+    pbr = {**BASE, "method.name": "pbr"}
+    runs = []
+    for seed, a, b, c in ((200, 46.0, 47.0, 10.0), (201, 45.0, 43.0, 10.0)):
+        runs += [RunRecord(f"pool-{seed}", {**pool, "seed": str(seed)}, {"class_il.acc": a}, 0, {"pbr.device": "cpu"}),
+                 RunRecord(f"pbr-{seed}", {**pbr, "seed": str(seed)}, {"class_il.acc": b}, 0, {"pbr.device": "cpu"}),
+                 RunRecord(f"out-{seed}", {**out, "seed": str(seed)}, {"class_il.acc": c}, 0, {"pbr.device": "cpu"})]
+    groups, _ = report.group_runs(runs)
+    [c7] = confirmation.compare(groups, confirmation.PLANS["walkpool"])
+    assert (c7.name, c7.n, c7.diffs) == ("C7", 2, [-1.0, 2.0])
+    text = confirmation.render(groups, confirmation.PLANS["walkpool"])
+    assert "| PBR (walk over buffer and task) | `pbr-pool-buffer_and_task` | 2 | 45.50 ± 0.71 |" in text
+    assert "top 5% MI" not in text and "INCOMPLETE" in text
+
+
 def test_an_unknown_confirmation_is_a_one_line_error():
     from pbr.errors import UserError
 
-    with pytest.raises(UserError, match=re.escape("pbr confirm later: no such confirmation; use one of defaults | outliers")):
+    with pytest.raises(UserError, match=re.escape("pbr confirm later: no such confirmation; use one of defaults | outliers | walkpool")):
         confirmation.run("sqlite:///nowhere.db", which="later")

@@ -42,6 +42,12 @@ PLANS = {
         "The second confirmation: the top 5% MI left out of the walk", tuple(str(s) for s in range(200, 210)),
         {"PBR": "pbr", "PBR (top 5% MI left out)": "pbr-out0.05"},
         (("C6", "PBR (top 5% MI left out)", "PBR", "none"),)),
+    # The next reading to pass it (docs/preregistration.md, third confirmation): the default's runs
+    # on these seeds are the second confirmation's, the reading's run after this plan was committed.
+    "walkpool": Plan(
+        "The third confirmation: the walk over buffer and task", tuple(str(s) for s in range(200, 210)),
+        {"PBR": "pbr", "PBR (walk over buffer and task)": "pbr-pool-buffer_and_task"},
+        (("C7", "PBR (walk over buffer and task)", "PBR", "none"),)),
 }
 FIRST = PLANS["defaults"]
 ALPHA = 0.05
