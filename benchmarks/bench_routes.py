@@ -52,7 +52,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -591,46 +590,35 @@ def main() -> None:
     if "lanes-processes" in routes:
         for n in (2, 4) if not a.quick else (2,):
             r.windows("lanes-processes", n, n_lanes=best_n)
-    if "mps" in routes:
-        if not cuda:
-            r.record("mps", "", status="skipped", note="MPS is CUDA's")
-        else:
-            with tempfile.TemporaryDirectory() as folder:
-                from stages.runtime import mps
+    def under_mps(route, windows):
+        from stages.runtime import mps
 
-                env, why = mps.start(folder)
-                if env is None:
-                    r.record("mps", "", status="skipped", note=why)
-                else:
-                    try:
-                        for n in (int(k) for k in a.mps_processes.split(",")):
-                            r.windows("mps", n, env=env)
-                        if "lanes-processes" in routes:  # lanes under MPS: with the route they extend
-                            r.windows("mps", 4, n_lanes=best_n, env=env)
-                    finally:
-                        mps.stop(env)
-    if "graphs-processes" in routes or "mps-graphs" in routes:
-        if not cuda:
-            for route in ("graphs-processes", "mps-graphs"):
-                if route in routes:
-                    r.record(route, "", status="skipped", note="CUDA graphs and MPS are CUDA's")
-        else:
-            if "graphs-processes" in routes:
-                for n in (int(k) for k in a.processes.split(",")):
-                    r.windows("graphs-processes", n, graphs=True)
-            if "mps-graphs" in routes:
-                with tempfile.TemporaryDirectory() as folder:
-                    from stages.runtime import mps
+        with mps.daemon() as (env, why):
+            if env is None:
+                r.record(route, "", status="skipped", note=why)
+            else:
+                windows(env)
 
-                    env, why = mps.start(folder)
-                    if env is None:
-                        r.record("mps-graphs", "", status="skipped", note=why)
-                    else:
-                        try:
-                            for n in (int(k) for k in a.mps_processes.split(",")):
-                                r.windows("mps-graphs", n, env=env, graphs=True)
-                        finally:
-                            mps.stop(env)
+    def mps_rows(env):
+        for n in (int(k) for k in a.mps_processes.split(",")):
+            r.windows("mps", n, env=env)
+        if "lanes-processes" in routes:  # lanes under MPS: with the route they extend
+            r.windows("mps", 4, n_lanes=best_n, env=env)
+
+    def mps_graphs_rows(env):
+        for n in (int(k) for k in a.mps_processes.split(",")):
+            r.windows("mps-graphs", n, env=env, graphs=True)
+
+    for route in ("mps", "graphs-processes", "mps-graphs"):
+        if route in routes and not cuda:
+            r.record(route, "", status="skipped", note="CUDA graphs and MPS are CUDA's")
+        elif route == "mps" and route in routes:
+            under_mps("mps", mps_rows)
+        elif route == "graphs-processes" and route in routes:
+            for n in (int(k) for k in a.processes.split(",")):
+                r.windows(route, n, graphs=True)
+        elif route == "mps-graphs" and route in routes:
+            under_mps(route, mps_graphs_rows)
     if "lanes-cl" in routes:
         if cpu_tiny:
             r.record("lanes-cl", "fp32/bf16", status="skipped",

@@ -48,6 +48,18 @@ def stop(env: dict[str, str]) -> None:
         pass  # a daemon that will not quit leaves no output of ours unfinished
 
 
+@contextmanager
+def daemon() -> Iterator[tuple[dict[str, str] | None, str]]:
+    """A control daemon of our own for the block's duration: (the clients' env, why not), quit after."""
+    with tempfile.TemporaryDirectory(prefix="pbr-mps-") as folder:
+        env, why = start(folder)
+        try:
+            yield env, why
+        finally:
+            if env is not None:
+                stop(env)
+
+
 def parse_mode(text: str) -> str:
     t = text.strip().lower()
     if t not in MODES:
@@ -66,8 +78,7 @@ def shared(mode: str, on_gpu: bool, log=print) -> Iterator[bool]:
     if not on_gpu:
         raise UserError("--gpu-share mps: the runs do not use a CUDA GPU (train.device, or no GPU here); "
                         "use --gpu-share auto or off")
-    with tempfile.TemporaryDirectory(prefix="pbr-mps-") as folder:
-        env, why = start(folder)
+    with daemon() as (env, why):
         if env is None:
             if mode == "mps":
                 raise UserError(f"--gpu-share mps: MPS did not start ({why}); use --gpu-share off")
@@ -79,7 +90,6 @@ def shared(mode: str, on_gpu: bool, log=print) -> Iterator[bool]:
         try:
             yield True
         finally:
-            stop(env)
             for k, v in before.items():
                 if v is None:
                     os.environ.pop(k, None)
