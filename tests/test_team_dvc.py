@@ -34,6 +34,22 @@ def _as(user, uri):
     return e
 
 
+def _cheap_hashes(auth_db):
+    """The users' password hashes at the cheapest cost werkzeug takes. The server checks the password of
+    every request, and its default scrypt costs about 0.1 CPU s a check: some 1,000 requests of this
+    test's runs would be a third of the whole suite's CPU on CI's two cores. Checking stays real: a
+    wrong password and no password are refused below."""
+    import sqlite3
+
+    from werkzeug.security import generate_password_hash
+
+    with sqlite3.connect(auth_db) as db:
+        for user, password in USERS.items():
+            db.execute("UPDATE users SET password_hash = ? WHERE username = ?",
+                       (generate_password_hash(password, "pbkdf2:sha256:1"), user))
+        assert db.execute("SELECT count(*) FROM users WHERE password_hash LIKE 'pbkdf2:sha256:1$%'").fetchone() == (2,)
+
+
 def _pbr(repo, uri, user, *args):
     r = subprocess.run([str(BIN / "pbr"), *args], cwd=repo, env=_as(user, uri), capture_output=True, text=True,
                        timeout=600)
@@ -53,6 +69,7 @@ def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, m
         admin = get_app_client("basic-auth", tracking_uri=uri)
         for user, password in USERS.items():
             admin.create_user(user, password)
+        _cheap_hashes(tmp_path / "auth.db")
 
         origin, store = tmp_path / "origin.git", tmp_path / "dvc-store"
         run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], tmp_path)
