@@ -85,9 +85,10 @@ def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, m
         names = {}
 
         def start(machine, user, k):
-            # POLL_SECONDS: each poll is a `dvc queue status` (~0.7 CPU s); every 2 s cost ~15 CPU s a shard.
+            # POLL_SECONDS: each poll is a `dvc queue status` (~0.6 CPU s); every 5 s cost ~36 polls in all, and
+            # every 10 s half that for ~5 s more of waiting, which the other pytest workers fill.
             e = {**_as(user, uri), "REPO": str(origin), "WORK": str(tmp_path / machine), "GRID": "table3",
-                 "SEEDS": "1", "JOBS": "1", "SWEEP_ARGS": "--only data.imbalance_ratio=0.1", "POLL_SECONDS": "5",
+                 "SEEDS": "1", "JOBS": "1", "SWEEP_ARGS": "--only data.imbalance_ratio=0.1", "POLL_SECONDS": "10",
                  "SLURM_ARRAY_TASK_ID": str(k), "SLURM_ARRAY_TASK_COUNT": "2"}
             return machine, k, subprocess.Popen(["bash", str(ROOT / "examples/slurm_sweep.sh")], cwd=tmp_path, env=e,
                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
