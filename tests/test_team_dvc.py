@@ -35,10 +35,10 @@ def _as(user, uri):
 
 
 def _cheap_hashes(auth_db):
-    """The users' password hashes at the cheapest cost werkzeug takes. The server checks the password of
-    every request, and its default scrypt costs about 0.1 CPU s a check: some 1,000 requests of this
-    test's runs would be a third of the whole suite's CPU on CI's two cores. Checking stays real: a
-    wrong password and no password are refused below."""
+    """The users' password hashes at the cheapest cost werkzeug takes. The server checks the password
+    of every request, and its default scrypt costs about 0.2 CPU s a request (docs/team.md): 97 of
+    this test's 246 CPU s (run alone, machine B), an eighth of the whole suite's on CI's two cores.
+    Checking stays real: a wrong password and no password are refused below."""
     import sqlite3
 
     from werkzeug.security import generate_password_hash
