@@ -26,7 +26,6 @@ def _check_counts(repo, n_max, n_classes, ir, n_tasks):
     assert len(m["task_classes"]) == n_tasks and sum(m["task_train_counts"]) == sum(m["train_counts"])
     rows = list(csv.DictReader(open(repo / "reports/prepare/class_counts.csv")))
     assert [int(r["train_count"]) for r in rows] == [m["train_counts"][c] for c in m["class_order"]]
-    return m
 
 
 def test_dvc_repro_prepare(tmp_path):
