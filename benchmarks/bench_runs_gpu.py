@@ -2,6 +2,10 @@
 
     python benchmarks/bench_runs_gpu.py --out $OUT                          # a GPU session, about 6 min
     python benchmarks/bench_runs_gpu.py --device cpu --width 4 --small      # a smoke check, about a minute
+    # accuracy too: the real Seq-CIFAR-10-LT, prepared here and carried (run's carry: gpu-carry)
+    pbr prepare && mkdir -p gpu-carry && tar -cJf gpu-carry/prepared.tar.xz data/prepared   # 51 MB
+    python benchmarks/bench_runs_gpu.py --prepared gpu-carry/prepared.tar.xz --epochs 50 \
+        --phases mps,mps-graphs --mps-runs 6 --out $OUT
 
 bench_routes times the ER step in a loop; this runs what `pbr sweep --offline` runs: each run its
 own process calling `stages.pipeline.train.run` (the code `pbr train` runs, without MLflow, which
@@ -18,8 +22,12 @@ scaled to the full protocol's 50 epochs a task by x epochs / 50: an underestimat
 fixed costs (start, data loading, each task's evaluation and PBR's MC-dropout scoring) do not
 grow with the epochs. A seed that ran in both phases must give the same accuracy rows (MPS runs
 each process's own kernels); any difference is printed. The data are CIFAR-10's exact format and
-size with random pixels (the archive cannot travel to the GPU machine): speed, not accuracy.
-Results go to --out as runs_gpu.json and runs_gpu.md.
+size with random pixels (the archive cannot travel to the GPU machine): speed, not accuracy. With
+--prepared the runs train on a data set `pbr prepare` wrote (its folder, or a .tar.xz of it: the
+real Seq-CIFAR-10-LT is 69 MB, over a call's 64 MiB, and 51 MB packed), and the final Class-IL of
+each seed in mps and mps-graphs is compared against the spread of the eager seeds.
+Results go to --out as runs_gpu.json and runs_gpu.md; each run's log goes to --out/logs as it runs
+(its per-task accuracies), so a call cut short still shows how far its runs came.
 """
 
 from __future__ import annotations
@@ -51,9 +59,15 @@ def child(folder: Path) -> None:
 
 
 def prepare(base: Path, a) -> dict:
-    """Fake CIFAR-10 in its archive format, prepared once; returns the params the runs start from."""
+    """The data the runs train on, prepared once under `base` (fake CIFAR-10 in its archive format,
+    or --prepared unpacked or linked); returns the params the runs start from."""
     import yaml
 
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["model"]["width"] = a.width
+    params["train"].update(device=a.device, epochs=a.epochs)
+    if a.prepared:
+        return {**params, "data": {**params["data"], **carried(a.prepared, base / "data" / "prepared")}}
     sys.path.insert(0, str(ROOT / "tests"))
     import fakedata
     from stages.pipeline import prepare as prep
@@ -61,10 +75,7 @@ def prepare(base: Path, a) -> dict:
 
     per_class = (200, 6) if a.small else (5000, 1000)
     fakedata.write_cifar(base / "raw", 10, *per_class, mode="w")
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["data"].update(root=str(base / "raw"), download=False)
-    params["model"]["width"] = a.width
-    params["train"].update(device=a.device, epochs=a.epochs)
     cwd = os.getcwd()
     os.chdir(base)
     try:
@@ -74,7 +85,25 @@ def prepare(base: Path, a) -> dict:
     return params
 
 
-def phase(name: str, base: Path, params: dict, runs: list, env: dict) -> dict:
+def carried(source: Path, dest: Path) -> dict:
+    """`pbr prepare`'s output at `dest`, from its folder or a .tar.xz holding data/prepared; returns the
+    data settings it was prepared with (its manifest's), so the runs' params say what they train on."""
+    import tarfile
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if source.is_dir():
+        dest.symlink_to(source.resolve())
+    else:
+        with tarfile.open(source, "r:xz") as tar:  # the "data" filter where this Python has it (3.11.4+)
+            tar.extractall(dest.parent.parent, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    manifest = dest / "manifest.json"
+    if not manifest.is_file():
+        raise SystemExit(f"--prepared {source}: no data/prepared/manifest.json in it (pack it with "
+                         f"`tar -cJf gpu-carry/prepared.tar.xz data/prepared` after `pbr prepare`)")
+    return {k: v for k, v in json.loads(manifest.read_text())["params"].items() if k not in ("root", "download")}
+
+
+def phase(name: str, base: Path, params: dict, runs: list, env: dict, logs: Path) -> dict:
     import yaml
 
     from stages.experiments.sweep import _merged
@@ -86,7 +115,8 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict) -> dict:
         (d / "data").mkdir(parents=True)
         (d / "data" / "prepared").symlink_to(base / "data" / "prepared")
         (d / "params.yaml").write_text(yaml.safe_dump(_merged(params, r.overrides), sort_keys=False))
-        log = open(d / "run.log", "w")
+        (logs / name).mkdir(parents=True, exist_ok=True)
+        log = open(logs / name / f"{r.name}.log", "w")
         procs.append((r, subprocess.Popen([sys.executable, __file__, "--child", str(d)], env=env, stdout=subprocess.PIPE,
                                           stderr=log, text=True)))
         log.close()
@@ -94,11 +124,32 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict) -> dict:
     for r, p in procs:
         text, _ = p.communicate()
         res = json.loads(text.strip().splitlines()[-1]) if p.returncode == 0 and text.strip() else None
-        if res is None:  # the folder goes with the temporary one: keep the log's end
-            tail = (base / name / r.name / "run.log").read_text().strip().splitlines()[-3:]
+        if res is None:
+            tail = (logs / name / f"{r.name}.log").read_text().strip().splitlines()[-3:]
             res = {"failed": f"exit {p.returncode}: " + " | ".join(tail)[-600:]}
         out[r.name] = res
     return {"runs": out, "wall_s": time.time() - t0}
+
+
+def graphs_vs_eager(eager: dict, graphs: dict) -> dict:
+    """Per row (PBR, ER), the final Class-IL of the seeds both phases finished: each seed's, the mean of
+    graphs - eager, and the standard deviation of the eager seeds (issue 25 asks the difference to lie
+    within the seed spread, three seeds at least)."""
+    import statistics
+
+    rows: dict = {}
+    for name in sorted(eager):
+        if "class_il" in eager[name] and "class_il" in graphs.get(name, {}):
+            row, seed = name.rsplit("-s", 1)
+            rows.setdefault(row, []).append((int(seed), eager[name]["class_il"], graphs[name]["class_il"]))
+    out = {}
+    for row, got in rows.items():
+        got.sort()
+        e, g = [x[1] for x in got], [x[2] for x in got]
+        out[row] = {"seeds": [x[0] for x in got], "eager": [round(x, 2) for x in e], "graphs": [round(x, 2) for x in g],
+                    "mean_diff": statistics.fmean(b - a for a, b in zip(e, g)),
+                    "eager_std": statistics.stdev(e) if len(e) > 1 else 0.0}
+    return out
 
 
 def write(out: Path, result: dict) -> None:
@@ -107,6 +158,7 @@ def write(out: Path, result: dict) -> None:
     both = [k for k in ran.get("off", {}) if k in ran.get("mps", {})]
     result["same_seeds"] = {k: {p: ran[p][k].get("class_il") for p in ran if k in ran[p]} for k in both}
     result["same_rows"] = all(ran["mps"][k].get("class_il_rows") == ran["off"][k].get("class_il_rows") for k in both)
+    result["graphs_vs_eager"] = graphs_vs_eager(ran.get("mps", {}), ran.get("mps-graphs", {}))
     (out / "runs_gpu.json").write_text(json.dumps(result, indent=1))
     lines = [f"# whole runs, {result['meta']}", "", "| phase | runs at once | MPS | wall s | runs/hour at this budget | "
              "full-protocol runs/hour (scaled, an underestimate) |", "| --- | --- | --- | --- | --- | --- |"]
@@ -119,6 +171,13 @@ def write(out: Path, result: dict) -> None:
                      f" | {res['full_protocol_runs_per_hour']:.1f} |" + (f" failed: {failed}" if failed else ""))
     lines += ["", f"seeds in both mps and off, final Class-IL by phase: {result['same_seeds']}; mps and off rows "
               f"identical: {result['same_rows']}"]
+    g = result["graphs_vs_eager"]
+    if g:
+        lines += ["", "final Class-IL, eager (mps) against CUDA graphs (mps-graphs), same seeds:", "",
+                  "| row | seeds | eager, each seed | graphs, each seed | graphs - eager, mean | eager seeds' std |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {row} | {v['seeds']} | {v['eager']} | {v['graphs']} | {v['mean_diff']:+.2f} | "
+                  f"{v['eager_std']:.2f} |" for row, v in g.items()]
     (out / "runs_gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 
@@ -132,6 +191,10 @@ def main() -> None:
     ap.add_argument("--off-runs", type=int, default=4)
     ap.add_argument("--phases", default="mps,off,mps-graphs", help="comma list of mps, off, mps-graphs, in order")
     ap.add_argument("--small", action="store_true", help="200 training images a class: a smoke check")
+    ap.add_argument("--prepared", type=Path, help="train on this `pbr prepare` output (its folder, or a .tar.xz "
+                    "of data/prepared) instead of random pixels: accuracy, not only speed")
+    ap.add_argument("--merge", type=Path, help="an earlier call's runs_gpu.json (same GPU model): its phases that "
+                    "this call does not run join the tables, so eager and graphs may run in two calls")
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench_runs_gpu_out")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -152,6 +215,13 @@ def main() -> None:
 
         result["meta"]["gpu"] = torch.cuda.get_device_name(0)
         result["meta"]["torch"] = torch.__version__
+    if a.merge:
+        earlier = json.loads(a.merge.read_text())
+        if earlier["meta"].get("gpu") != result["meta"].get("gpu"):
+            raise SystemExit(f"--merge {a.merge}: its runs are from {earlier['meta'].get('gpu')}, this call's from "
+                             f"{result['meta'].get('gpu')}; compare runs of one GPU model only")
+        result["meta"]["merged"] = {"from": str(a.merge), "meta": earlier["meta"]}
+        result["phases"] = {k: v for k, v in earlier["phases"].items() if k not in a.phases.split(",")}
     with tempfile.TemporaryDirectory(prefix="pbr-runs-") as tmp:
         base = Path(tmp)
         t = time.time()
@@ -173,7 +243,8 @@ def main() -> None:
             try:
                 with mps.shared(mode if on else "off", on, log=lambda m: print(m, flush=True)) as shared:
                     res = phase(name, base, p, by_seed[:n], {**env, **{k: os.environ[k] for k in
-                                                                       (mps.PIPE, mps.LOG) if k in os.environ}})
+                                                                       (mps.PIPE, mps.LOG) if k in os.environ}},
+                                out / "logs")
             except Exception as e:  # MPS refused: recorded, the other phase still runs
                 res = {"failed": f"{type(e).__name__}: {e}"}
                 shared = False

@@ -1,7 +1,9 @@
 """`pbr sweep --gpu-share`: a CUDA MPS server of the sweep's own, where one starts.
 
-The daemon itself needs a GPU (checked by benchmarks/gpu_session.sh on one); here, what a machine
-without one, or with one whose daemon will not start, gets: the runs as before, or a one-line error."""
+The daemon itself needs a GPU: its start and stop commands ran on an H100 in benchmarks/bench_routes.py,
+before they moved into stages/runtime/mps.py, which benchmarks/bench_runs_gpu.py runs whole runs under
+(not yet on a GPU). Here, what a machine without one, or with one whose daemon will not start, gets: the
+runs as before, or a one-line error."""
 
 import os
 import sys

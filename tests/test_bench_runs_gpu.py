@@ -1,0 +1,45 @@
+"""The pieces of benchmarks/bench_runs_gpu.py a GPU session cannot afford to find broken: unpacking
+the carried data set, and the graphs-against-eager comparison it reports (the runs need a GPU)."""
+
+import importlib.util
+import json
+import subprocess
+
+import pytest
+
+from conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("bench_runs_gpu", ROOT / "benchmarks/bench_runs_gpu.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def test_graphs_against_eager_by_hand():
+    eager = {"fid-pbr-s0": {"class_il": 50.0}, "fid-pbr-s1": {"class_il": 52.0}, "fid-pbr-s2": {"class_il": 48.0},
+             "fid-er-lr0.1-s0": {"class_il": 40.0}, "fid-er-lr0.1-s1": {"class_il": 44.0}}
+    graphs = {"fid-pbr-s0": {"class_il": 51.0}, "fid-pbr-s1": {"class_il": 51.0}, "fid-pbr-s2": {"class_il": 49.0},
+              "fid-er-lr0.1-s0": {"class_il": 43.0}, "fid-er-lr0.1-s1": {"failed": "exit 1"}}
+    got = bench.graphs_vs_eager(eager, graphs)
+    assert got["fid-pbr"]["seeds"] == [0, 1, 2]
+    assert got["fid-pbr"]["mean_diff"] == pytest.approx((1 - 1 + 1) / 3)
+    assert got["fid-pbr"]["eager_std"] == pytest.approx(2.0)  # (50, 52, 48): deviations 0, 2, -2 over n - 1 = 2
+    # A seed that failed in one phase is left out of both: ER keeps seed 0 alone.
+    assert got["fid-er-lr0.1"] == {"seeds": [0], "eager": [40.0], "graphs": [43.0], "mean_diff": 3.0, "eager_std": 0.0}
+
+
+def test_a_packed_prepared_folder_unpacks_with_its_data_settings(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "data/prepared/task_00").mkdir(parents=True)
+    manifest = {"params": {"dataset": "cifar10", "root": "/somewhere/else", "download": False, "setting": "ordered",
+                           "imbalance_ratio": 0.01, "n_tasks": 5}}
+    (repo / "data/prepared/manifest.json").write_text(json.dumps(manifest))
+    (repo / "data/prepared/task_00/train.parquet").write_bytes(b"shard bytes")
+    # The command bench_runs_gpu.py's docstring gives.
+    subprocess.run(["tar", "-cJf", "prepared.tar.xz", "data/prepared"], cwd=repo, check=True)
+    for source, where in ((repo / "prepared.tar.xz", tmp_path / "unpacked"), (repo / "data/prepared", tmp_path / "linked")):
+        data = bench.carried(source, where / "data" / "prepared")
+        # The machine-local keys are not the runs' business; the rest says what they train on.
+        assert data == {"dataset": "cifar10", "setting": "ordered", "imbalance_ratio": 0.01, "n_tasks": 5}
+        assert (where / "data/prepared/task_00/train.parquet").read_bytes() == b"shard bytes"
+    with pytest.raises(SystemExit, match="no data/prepared/manifest.json"):
+        bench.carried(tmp_path / "linked", tmp_path / "empty" / "data" / "prepared")
