@@ -53,7 +53,9 @@ def child(folder: Path) -> None:
     from stages.pipeline import train
     from stages.runtime.config import load_config
 
-    summary = train.run(load_config("params.yaml"), log=lambda m: print(m, file=sys.stderr, flush=True))
+    t0 = time.time()  # each line stamped: a call cut short still tells each task's pace
+    summary = train.run(load_config("params.yaml"),
+                        log=lambda m: print(f"[{time.time() - t0:6.0f} s] {m}", file=sys.stderr, flush=True))
     last = summary["class_il"]["matrix"][-1]
     print(json.dumps({"class_il_rows": summary["class_il"]["matrix"], "class_il": sum(last) / len(last)}), flush=True)
 
