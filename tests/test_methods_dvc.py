@@ -77,6 +77,12 @@ def test_er_runs_through_dvc_exp_run_and_resumes_after_sigkill(tmp_path, finishe
     assert done.data.metrics["class_il.acc"] == pytest.approx(
         json.loads((repo / "reports/metrics.json").read_text())["class_il"]["acc"], abs=1e-3)
 
+    # The experiment and the finished PBR run it started from are two rows of one table, each once.
+    from stages.experiments import report
+
+    rep = report.run(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}", csv_path=tmp_path / "report.csv")
+    assert sorted((g.runs[0].params["method.name"], len(g.runs)) for g in rep.groups) == [("er", 1), ("pbr", 1)]
+
     assert tree_bytes(repo / "artifacts/train") == _uninterrupted(finished, tmp_path / "ref", name, monkeypatch)
 
 

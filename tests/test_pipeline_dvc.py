@@ -1,10 +1,11 @@
-"""The whole pipeline through `dvc repro`, MLflow tracking, experiments and the report."""
+"""The whole pipeline through `dvc repro` and MLflow tracking. A second configuration as a DVC experiment,
+and the report comparing the two, are in test_methods_dvc (ER beside this PBR run) and test_add_method_dvc."""
 
 import json
 
 import pytest
 
-from project import BIN, copy_project, dvc, run
+from project import copy_project, dvc
 
 pytestmark = pytest.mark.slow
 
@@ -16,7 +17,7 @@ def _client(repo):
     return c, c.get_experiment_by_name("pbr").experiment_id
 
 
-def test_pipeline_metrics_plots_and_mlflow_agree_and_report_compares_experiments(tmp_path, finished):
+def test_pipeline_metrics_plots_and_mlflow_agree(tmp_path, finished):
     repo = copy_project(finished, tmp_path / "repo")
     metrics = json.loads((repo / "reports/metrics.json").read_text())
     acc = json.loads((repo / "artifacts/train/accuracy.json").read_text())
@@ -57,16 +58,6 @@ def test_pipeline_metrics_plots_and_mlflow_agree_and_report_compares_experiments
     assert len(r.data.tags["git.commit"]) == 40 and r.data.tags["pbr.data_manifest"]
     arts = [a.path for a in c.list_artifacts(r.info.run_id, "evaluate")]
     assert "evaluate/metrics.json" in arts and "evaluate/matrices.png" in arts
-
-    # A second configuration as a DVC experiment, then the comparison report.
-    out = dvc(repo, "exp", "run", "-S", "data.setting=shuffled").stdout
-    assert "Running stage 'prepare'" in out
-    runs = c.search_runs([exp], filter_string="tags.`pbr.complete` = 'true'")
-    assert len(runs) == 2 and {x.data.params["data.setting"] for x in runs} == {"ordered", "shuffled"}
-    assert any(x.data.tags["dvc.exp_name"] for x in runs)
-    rep = run([str(BIN / "pbr"), "report"], repo).stdout
-    assert "ordered, IR 0.1" in rep and "shuffled, IR 0.1" in rep and "PBR" in rep
-    assert (repo / "reports/report.csv").is_file()
 
 
 def test_tracking_anchors_to_the_repository_from_a_queue_workspace(tmp_path, monkeypatch):
