@@ -144,26 +144,10 @@ def _pbr(repo, stage):
 
 
 @pytest.fixture
-def pbr(monkeypatch, capfd):
-    """`pbr STAGE` through the CLI's own main() in this process: the same one-line error and exit
-    status, without a process start (torch and MLflow imports, ~6 CPU s) per case. Real processes:
-    the corrupted shard below, test_config's CLI tests, the missing archive in test_prepare_dvc."""
-    from stages import cli
-
-    def run(repo, stage):
-        monkeypatch.chdir(repo)
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{repo / 'mlflow.db'}")
-        monkeypatch.setattr(sys, "argv", ["pbr", stage])
-        capfd.readouterr()
-        try:
-            cli.main()
-            code = 0
-        except SystemExit as e:
-            code = e.code or 0
-        said = capfd.readouterr()
-        return subprocess.CompletedProcess(sys.argv, code, said.out, said.err)
-
-    return run
+def pbr(pbr_main):
+    """`pbr STAGE` in this process (conftest's pbr_main). Real processes: the corrupted shard below,
+    test_config's CLI tests, the missing archive in test_prepare_dvc."""
+    return lambda repo, stage: pbr_main(stage, cwd=repo, env={"MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}"})
 
 
 def _one_line_error(r, *needles):

@@ -22,7 +22,7 @@ def _pbr(*args, cwd, env):
                           text=True, timeout=600)
 
 
-def test_an_offline_sweep_runs_records_resumes_and_imports(tmp_path):
+def test_an_offline_sweep_runs_records_resumes_and_imports(tmp_path, pbr_main):
     fakedata.write_cifar(tmp_path / "raw", 10, 40, 6)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["data"].update(root=str(tmp_path / "raw"), download=False)
@@ -46,10 +46,12 @@ def test_an_offline_sweep_runs_records_resumes_and_imports(tmp_path):
     # Nothing went to the project's store yet: the runs recorded offline.
     assert not store.exists()
 
-    again = _pbr(*sweep, cwd=tmp_path, env=env)
+    # The sweep's own process above; the commands after it in this process (the same main()).
+    uri = {"MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
+    again = pbr_main(*sweep, cwd=tmp_path, env=uri)
     assert again.returncode == 0 and "0 runs finished, 2 already done, 0 failed" in again.stderr
 
-    imported = _pbr("import", str(out), cwd=tmp_path, env=env)
+    imported = pbr_main("import", str(out), cwd=tmp_path, env=uri)
     assert imported.returncode == 0, imported.stderr[-2000:]
     from mlflow import MlflowClient
 
@@ -64,7 +66,7 @@ def test_an_offline_sweep_runs_records_resumes_and_imports(tmp_path):
         # A CPU run shares no GPU, whatever --gpu-share (auto here) would do on one.
         assert run.data.tags["pbr.gpu_sharing"] == "none"
         assert json.loads((d / "artifacts/train/run.json").read_text())["gpu_sharing"] == "none"
-    report = _pbr("report", "--no-log", "--csv", str(tmp_path / "r.csv"), cwd=tmp_path, env=env)
+    report = pbr_main("report", "--no-log", "--csv", str(tmp_path / "r.csv"), cwd=tmp_path, env=uri)
     assert report.returncode == 0, report.stderr[-2000:]
     rows = [line.split("|")[2].strip() for line in report.stdout.splitlines() if line.startswith("| ")]
     assert {"ER", "ER (lr 0.03)"} <= set(rows), report.stdout

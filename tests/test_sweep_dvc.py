@@ -12,7 +12,7 @@ from project import queue_states as _queue
 pytestmark = [pytest.mark.slow, pytest.mark.longest]
 
 
-def test_two_queue_workers_lose_no_run(tmp_path):
+def test_two_queue_workers_lose_no_run(tmp_path, pbr_main):
     raw = tmp_path / "raw"
     fakedata.write_cifar(raw, 100, 20, 2)
     repo = make_project(tmp_path / "repo", data__root=str(raw), data__download=False, data__dataset="cifar100",
@@ -48,7 +48,8 @@ def test_two_queue_workers_lose_no_run(tmp_path):
     spans = sorted((x.info.start_time, x.info.end_time) for x in runs)
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans
 
-    rep = run([str(BIN / "pbr"), "report"], repo).stdout
+    # The report and a second sweep in this process (the same main(); the first sweep above was its own).
+    rep = pbr_main("report", cwd=repo).stdout
     assert "shuffled, IR 0.1" in rep and "DER++" in rep and "PBR" in rep and "(n=1)" in rep
     # A second sweep queues nothing: every run is finished.
-    assert "0 runs queued, 2 already finished or queued" in run(sweep, repo).stderr
+    assert "0 runs queued, 2 already finished or queued" in pbr_main(*sweep[1:], cwd=repo).stderr
