@@ -56,7 +56,7 @@ def _pbr(repo, uri, user, *args):
     return r
 
 
-def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, monkeypatch):
+def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, monkeypatch, pbr_main):
     raw = tmp_path / "raw"
     fakedata.write_cifar(raw, 100, 20, 2)
     extra = {"MLFLOW_AUTH_CONFIG_PATH": str(_auth_config(tmp_path)), "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PASSWORD,
@@ -113,26 +113,35 @@ def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, m
         dvc(c, "exp", "pull", "origin", *sorted(listed))
         assert set(dvc(c, "exp", "ls", "--name-only").stdout.split()) == listed
 
-        rep = _pbr(c, uri, "alice", "report")
+        def carols(user, *args):
+            """`pbr ARGS` on carol's clone as `user` (None: no credentials), in this process: the same main()
+            (tests/conftest.py). One refusal below stays a process of its own."""
+            for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+                monkeypatch.delenv(k, raising=False)
+            return pbr_main(*args, cwd=c, env={k: v for k, v in _as(user, uri).items()
+                                               if k.startswith("MLFLOW_TRACKING_")})
+
+        rep = carols("alice", "report")
         assert rep.returncode == 0, rep.stderr
         # DER++ and PBR, one seed each (two columns a row): the duplicate is one run, not two.
         assert rep.stdout.count("(n=1)") == 4 and "(n=2)" not in rep.stdout, rep.stdout
         assert "1 older run(s) repeating a seed with the same settings left out" in rep.stdout
         from mlflow import MlflowClient
 
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
         exp_id = MlflowClient(uri).get_experiment_by_name("pbr").experiment_id
         runs = MlflowClient(uri).search_runs([exp_id])
         assert len(runs) == 3 and {x.data.tags["dvc.exp_name"] for x in runs} == listed
         # The team server's page of the training runs (test_mlflow_ui opens such a link in a browser).
-        link = _pbr(c, uri, "bob", "ui")
+        link = carols("bob", "ui")
         assert link.returncode == 0 and link.stdout.strip() == (
             f"{uri}/#/experiments/{exp_id}/runs?workflowType=machine_learning&compareRunsMode=CHART"), link.stderr
 
         # Nobody without credentials gets in, nor with a wrong password.
-        for who in (None, "mallory"):
-            r = _pbr(c, uri, who, "report")
+        for r in (_pbr(c, uri, None, "report"), carols("mallory", "report")):
             assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
             assert r.stderr.count("\n") == 1 and "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in r.stderr
-        r = _pbr(c, uri, None, "prepare")  # a stage too, before it writes anything
+        r = carols(None, "prepare")  # a stage too, before it writes anything
         assert r.returncode == 2 and "set MLFLOW_TRACKING_USERNAME" in r.stderr, r.stderr
         assert not (c / "data/prepared").exists()
