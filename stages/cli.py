@@ -144,11 +144,20 @@ def sweep(
     offline: Path | None = typer.Option(None, "--offline", help="Run the grid here and now without DVC or a tracking "
                                                                "server: each run in DIR/runs/NAME, recorded in "
                                                                "DIR/mlflow.db; then `pbr import DIR` (docs/offline.md)."),
+    record: str = typer.Option("auto", "--record", help="With --offline: mlflow (DIR/mlflow.db), files (plain files "
+                                                        "in DIR/journal, no MLflow needed), or auto: files where "
+                                                        "MLflow is not installed."),
     params: Path = ParamsOpt,
 ) -> None:
     """Queue a paper grid as DVC experiments (`dvc exp run --queue`); `pbr report` tabulates them."""
     from stages.experiments import sweep as stage
 
+    from stages.experiments.offline import RECORD
+
+    if record not in RECORD:
+        raise UserError(f"--record {record}: give one of {', '.join(RECORD)}")
+    if record != "auto" and offline is None:
+        raise UserError(f"--record {record}: it says how an --offline sweep records; give --offline DIR too")
     runs = stage.plan(name, stage.parse_seeds(seeds), stage.parse_assignments(set_, "-S"),
                       stage.parse_assignments(only, "--only", many=True), params, budget)
     jobs = stage.parse_jobs(jobs_)
@@ -179,7 +188,7 @@ def sweep(
             from stages.experiments import offline as direct
 
             _, _, failed = direct.run_all(runs, offline, params, jobs=max(jobs, 1),
-                                          log=lambda m: typer.echo(m, err=True))
+                                          log=lambda m: typer.echo(m, err=True), record=record)
             if failed:
                 raise typer.Exit(1)
             return

@@ -67,6 +67,8 @@ def test_a_cpu_run_records_no_sharing_whatever_the_environment(monkeypatch):
 @pytest.mark.parametrize("args,needle", [
     (["--gpu-share", "often"], "--gpu-share often: give auto"),
     (["--gpu-share", "mps"], "--gpu-share mps: MPS serves --offline sweeps only"),
+    (["--record", "files"], "--record files: it says how an --offline sweep records; give --offline DIR too"),
+    (["--record", "csv", "--offline", "o"], "--record csv: give one of auto, mlflow, files"),
 ])
 def test_bad_gpu_share_is_a_one_line_error(args, needle, monkeypatch, capfd):
     from stages import cli

@@ -1,6 +1,7 @@
-"""`pbr sweep NAME --offline DIR` on small generated data: the grid's runs without DVC or a
-server, each in its own folder and recorded in DIR/mlflow.db; a second call skips what finished;
-`pbr import DIR` brings them into the project's store, where `pbr report` counts them."""
+"""`pbr sweep NAME --offline DIR` on small generated data where MLflow cannot be imported (a GPU
+box's bare image): the grid's runs without DVC or a server, each in its own folder and recorded to
+plain files in DIR/journal; a second call (MLflow there) skips what finished and keeps recording
+there; `pbr import DIR` brings them into the project's store, where `pbr report` counts them."""
 
 import json
 import os
@@ -30,7 +31,11 @@ def test_an_offline_sweep_runs_records_resumes_and_imports(tmp_path, pbr_main):
     params["train"].update(device="cpu", precision="fp32", threads=1)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     out, store = tmp_path / "offline", tmp_path / "project.db"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
+    # As on a GPU box's bare image: MLflow cannot be imported by the sweep nor by its runs.
+    blocked = tmp_path / "no-mlflow"
+    blocked.mkdir()
+    (blocked / "sitecustomize.py").write_text("import sys\nsys.modules['mlflow'] = None\n")
+    env = {**os.environ, "PYTHONPATH": f"{blocked}{os.pathsep}{ROOT}", "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
     sweep = ["sweep", "fidelity", "--budget", "quick", "--seeds", "7-7", "--only", "row=er-lr0.1,er-lr0.03",
              "-S", "data.imbalance_ratio=0.5", "-S", "method.buffer_size=10", "--offline", str(out), "--jobs", "auto"]
     r = _pbr(*sweep, cwd=tmp_path, env=env)
@@ -43,13 +48,15 @@ def test_an_offline_sweep_runs_records_resumes_and_imports(tmp_path, pbr_main):
     done = json.loads((out / "runs" / names[0] / "DONE").read_text())
     metrics = json.loads((out / "runs" / names[0] / "reports/metrics.json").read_text())
     assert done["class_il"] == metrics["class_il"]
-    # Nothing went to the project's store yet: the runs recorded offline.
+    # Nothing went to the project's store yet: the runs recorded offline, to plain files.
     assert not store.exists()
+    assert f"recording to plain files in {out / 'journal'}" in r.stderr and not (out / "mlflow.db").exists()
 
     # The sweep's own process above; the commands after it in this process (the same main()).
     uri = {"MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
     again = pbr_main(*sweep, cwd=tmp_path, env=uri)
     assert again.returncode == 0 and "0 runs finished, 2 already done, 0 failed" in again.stderr
+    assert f"records in {out / 'journal'}" in again.stderr and not (out / "mlflow.db").exists()
 
     imported = pbr_main("import", str(out), cwd=tmp_path, env=uri)
     assert imported.returncode == 0, imported.stderr[-2000:]
@@ -77,3 +84,22 @@ def test_a_backwards_seed_range_is_a_one_line_error(tmp_path):
     r = _pbr("sweep", "fidelity", "--seeds", "2-1", "--offline", str(tmp_path / "o"), cwd=tmp_path,
              env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 2 and r.stderr.strip().startswith("error: --seeds 2-1:") and len(r.stderr.splitlines()) == 1
+
+
+def test_the_record_follows_the_folder_then_mlflows_presence(tmp_path):
+    from pbr.errors import UserError
+    from stages.experiments.offline import store_uri
+
+    fresh, plain, db = tmp_path / "fresh", tmp_path / "plain", tmp_path / "db"
+    for d in (fresh, plain, db):
+        d.mkdir()
+    (plain / "journal").mkdir()
+    (db / "mlflow.db").touch()
+    assert store_uri(fresh, "auto") == f"sqlite:///{fresh / 'mlflow.db'}"  # MLflow is installed here
+    assert store_uri(fresh, "files") == f"journal:{fresh / 'journal'}"
+    assert store_uri(plain, "auto") == f"journal:{plain / 'journal'}"
+    assert store_uri(db, "auto") == f"sqlite:///{db / 'mlflow.db'}"
+    with pytest.raises(UserError, match="already holds runs recorded to plain files; use another --offline folder"):
+        store_uri(plain, "mlflow")
+    with pytest.raises(UserError, match="--record sqlite: give one of auto, mlflow, files"):
+        store_uri(fresh, "sqlite")

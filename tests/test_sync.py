@@ -15,7 +15,7 @@ import pytest
 
 from pbr.errors import UserError
 from stages.experiments import report, sync
-from stages.runtime import tracking
+from stages.runtime import journal, tracking
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
@@ -59,8 +59,7 @@ def _record(repo: Path) -> None:
     with pytest.raises(RuntimeError), tracking.stage_run("train", {**PARAMS, "seed": 1}, params_file) as run:
         run.log_metrics({"train.loss": 3.0}, step=0)
         raise RuntimeError("out of memory")
-    client, exp_id = tracking._client()
-    client.create_run(exp_id, run_name="still-going", tags={"pbr.stage": "train"})
+    tracking.recorder().create({"pbr.stage": "train", "mlflow.runName": "still-going"})
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +227,83 @@ def test_mistakes_are_one_line_errors(source, template, tmp_path):
     with pytest.raises(UserError, match="mlartifacts.*--no-artifacts"):
         sync.import_runs(str(bare), target, "pbr")
     assert sync.import_runs(str(bare), target, "pbr", with_artifacts=False, log=lambda m: None).imported == 2
+
+
+def _journal_folder(tmp_path_factory) -> Path:
+    """The same three runs as `source`, recorded to plain files (journal:, as on a machine without
+    MLflow), then copied back to another path."""
+    node = tmp_path_factory.mktemp("node") / "offline"
+    node.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path_factory.mktemp("elsewhere"))
+        mp.setenv("MLFLOW_TRACKING_URI", journal.uri(node / sync.JOURNAL_DIR))
+        _record(node)
+    home = tmp_path_factory.mktemp("home") / "offline"
+    shutil.move(node, home)
+    return home
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    return _journal_folder(tmp_path_factory)
+
+
+def _comparable(uri: str, run) -> tuple:
+    """What a run records, less what differs between two recordings of it (ids, times, its origin)."""
+    extra = {sync.ORIGIN_TAG, sync.VERSION_TAG, sync.SOURCE_TAG}
+    history = {k: sorted((v, step) for v, _, step in h) for k, h in _history(uri, run).items()}
+    return (run.info.run_name, run.info.status, run.data.params, {k: v for k, v in run.data.tags.items()
+                                                                  if k not in extra}, history)
+
+
+def test_runs_recorded_to_plain_files_import_as_the_mlflow_ones(source, plain, template, tmp_path):
+    """Recorded by the same stage calls to sqlite and to plain files, then imported: the same runs
+    (name, status, params, tags, every metric's history, artifacts), the unfinished one skipped."""
+    a, b = _store(template, tmp_path / "a"), _store(template, tmp_path / "b")
+    sync.import_runs(str(source), a, "pbr", log=lambda m: None)
+    lines = []
+    out = sync.import_runs(str(plain), b, "pbr", log=lines.append)
+    assert out.summary().startswith("imported 2 runs (0 already present, 1 skipped)")
+    assert any(line.startswith("skipped still-going") for line in lines)
+    mlflow_runs = sorted(_comparable(a, r) for r in _by_origin(a).values())
+    plain_runs = sorted(_comparable(b, r) for r in _by_origin(b).values())
+    assert [r[:2] for r in plain_runs] == [r[:2] for r in mlflow_runs] and len(plain_runs) == 2
+    assert plain_runs == mlflow_runs
+    done = next(r for r in _by_origin(b).values() if r.info.status == "FINISHED")
+    assert len(_history(b, done)["train.loss"]) == STEPS
+    assert _files(b, done, tmp_path / "dl") == {"train/accuracy.json": ARTIFACT}
+    assert [r.metrics["class_il.acc"] for r in report.collect_runs(b, "pbr")] == [41.5]
+    # Imported once: a second import copies nothing new.
+    assert sync.import_runs(str(plain / sync.JOURNAL_DIR), b, "pbr", log=lambda m: None).imported == 0
+
+
+def test_plain_files_mark_a_dead_stage_killed_and_skip_a_torn_line(tmp_path, template, monkeypatch):
+    import socket as so
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "j"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", journal.uri(folder))
+    rec = tracking.recorder()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = so.gethostname()
+    gone = rec.create({"pbr.host": host, "pbr.pid": str(dead.pid), "mlflow.runName": "gone"})
+    alive = rec.create({"pbr.host": host, "pbr.pid": str(os.getpid()), "mlflow.runName": "alive"})
+    rec.log(gone, metrics=[("train.loss", 2.0, 1, 0), ("train.loss", 1.0, 2, 1)])
+    with open(folder / "pbr" / gone / journal.METRICS, "a") as f:
+        f.write('{"key": "train.loss", "val')  # the kill came mid-line
+    (tmp_path / "params.yaml").write_text("seed: 3\n")
+    with tracking.stage_run("train", {"seed": 3}, tmp_path / "params.yaml") as run:
+        run.log_metrics({"train.loss": 0.5})
+    reader = journal.Reader(folder)
+    status = {r.info.run_name: r.info.status for r in reader.search_runs(["pbr"])}
+    assert (status.pop("gone"), status.pop("alive"), list(status.values())) == ("KILLED", "RUNNING", ["FINISHED"])
+    assert [(m.value, m.step) for m in reader.get_metric_history(gone, "train.loss")] == [(2.0, 0), (1.0, 1)]
+    target = _store(template, tmp_path / "project")
+    out = sync.import_runs(str(folder), target, "pbr", log=lambda m: None)
+    assert (out.imported, out.skipped) == (2, 1)  # the live one is still running there
+    copies = {r.info.run_name: r for r in _by_origin(target).values()}
+    assert copies["gone"].info.status == "KILLED" and copies["gone"].data.metrics["train.loss"] == 1.0
 
 
 def _write(path: Path, text: str) -> Path:

@@ -4,7 +4,8 @@ For a machine that has the code and the raw data but no DVC queue and no reachab
 box, an air-gapped compute node): each run gets its own folder `DIR/runs/<name>/` holding its
 params.yaml, its artifacts and reports, and runs `pbr train` then `pbr evaluate` there. Every run
 records to one sqlite MLflow store in the folder (`DIR/mlflow.db`, artifacts in `DIR/mlartifacts/`),
-with the code commit of the project it was started from. `pbr import DIR` copies the runs into
+or, where MLflow is not installed (or with `--record files`), to plain files in `DIR/journal/`
+(stages/runtime/journal.py), with the code commit of the project it was started from. `pbr import DIR` copies the runs into
 the project's store later, where `pbr report` shows them like any other.
 
 A finished run leaves `DIR/runs/<name>/DONE` (its metrics); a second call skips it, and a run
@@ -36,14 +37,50 @@ def _write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def _env(out: Path, root: Path) -> dict[str, str]:
+RECORD = ("auto", "mlflow", "files")
+
+
+def mlflow_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("mlflow") is not None
+    except (ImportError, ValueError):  # a blocked import (sys.modules["mlflow"] = None)
+        return False
+
+
+JOURNAL_DIR = "journal"
+
+
+def store_uri(out: Path, record: str) -> str:
+    """Where the runs of `out` record: its sqlite MLflow store (`record` mlflow) or plain files in
+    journal/ (files); auto: as the folder already does, else files where MLflow is not installed
+    (a GPU box's bare image)."""
+    from stages.runtime import journal
+
+    if record not in RECORD:
+        raise UserError(f"--record {record}: give one of {', '.join(RECORD)}")
+    # A folder keeps the way it started recording (its runs are imported from one place).
+    has = "mlflow" if (out / "mlflow.db").is_file() else "files" if (out / JOURNAL_DIR).is_dir() else None
+    if record == "auto":
+        record = has or ("mlflow" if mlflow_installed() else "files")
+    if has is not None and has != record:
+        raise UserError(f"--record {record}: {out} already holds runs recorded "
+                        f"{'in mlflow.db' if has == 'mlflow' else 'to plain files'}; use another --offline folder")
+    if record == "mlflow" and not mlflow_installed():
+        raise UserError("--record mlflow: MLflow is not installed here; use --record files (or auto) and "
+                        "`pbr import` the folder where it is")
+    return journal.uri(out / JOURNAL_DIR) if record == "files" else f"sqlite:///{out / 'mlflow.db'}"
+
+
+def _env(out: Path, root: Path, store: str) -> dict[str, str]:
     from stages.runtime.tracking import git_state
 
     git = git_state()
     # The runs execute outside the project: its code comes first on the path, and its commit is
     # recorded on every run (git cannot see it from the run's folder).
     path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{out / 'mlflow.db'}", "PYTHONPATH": path,
+    return {**os.environ, "MLFLOW_TRACKING_URI": store, "PYTHONPATH": path,
             "PBR_GIT_COMMIT": git["git.commit"], "PBR_GIT_DIRTY": git["git.dirty"]}
 
 
@@ -109,15 +146,20 @@ def _order(runs) -> list:
 
 
 def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
-            log: Callable[[str], None] = print) -> tuple[int, int, list[str]]:
-    """Run `runs` (sweep.Run) in `out`, `jobs` at a time; returns (finished now, skipped, failed names)."""
+            log: Callable[[str], None] = print, record: str = "auto") -> tuple[int, int, list[str]]:
+    """Run `runs` (sweep.Run) in `out`, `jobs` at a time, recording as `record` says (store_uri);
+    returns (finished now, skipped, failed names)."""
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: give at least 1 with --offline")
     root = Path(__file__).resolve().parents[2]  # the checkout whose code the runs use
     base = yaml.safe_load(params_file.read_text())
     out = out.expanduser().resolve()
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    env = _env(out, root)
+    store = store_uri(out, record)
+    env = _env(out, root, store)
+    records = out / "mlflow.db" if store.startswith("sqlite:") else out / JOURNAL_DIR
+    if store.startswith("journal:"):
+        log(f"recording to plain files in {records}: `pbr import {out}` where MLflow is")
     # The store and its artifact folder are made once, from `out`, before parallel runs open it.
     subprocess.run([sys.executable, "-c", "from stages.runtime import tracking; tracking.init_store()"], cwd=out,
                    env=env, check=True)
@@ -143,5 +185,5 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
                 log(f"done {name} in {time.time() - t0:.0f} s: Class-IL {m['class_il']['acc']:.2f}, "
                     f"Task-IL {m['task_il']['acc']:.2f}")
     log(f"{done} runs finished, {skipped} already done, {len(failed)} failed; records in "
-        f"{out / 'mlflow.db'}: copy {out} to the project and run `pbr import {out}`")
+        f"{records}: copy {out} to the project and run `pbr import {out}`")
     return done, skipped, failed

@@ -2,7 +2,8 @@
 
 For runs recorded where no tracking server was reachable (`pbr sweep --offline DIR`, or stages
 that fell back to `mlflow-offline/`): SOURCE is that folder copied back (mlflow.db and
-mlartifacts/), a .db file, or any MLflow tracking URI. A run is copied whole: params, tags, every
+mlartifacts/, or journal/: runs recorded to plain files where MLflow was not installed), a .db
+file, or any MLflow tracking URI. A run is copied whole: params, tags, every
 metric's full history, status, start and end times, name and artifacts, so `pbr report` counts
 it as it counts a run recorded here (its FINISHED status and pbr.complete tag come along).
 
@@ -25,7 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 from pbr.errors import UserError
-from stages.runtime import tracking
+from stages.experiments.offline import JOURNAL_DIR
+from stages.runtime import journal, tracking
 
 ORIGIN_TAG = "pbr.imported_from"      # the source run's id (its own origin when it was imported too)
 VERSION_TAG = "pbr.imported_version"  # the source run's status and end time when it was copied
@@ -34,7 +36,7 @@ PENDING_TAG = "pbr.importing"         # on a copy until it is whole
 UNFINISHED = ("RUNNING", "SCHEDULED")
 METRICS_PER_BATCH, PARAMS_TAGS_PER_BATCH = 1000, 100  # MLflow's log_batch limits
 SQLITE_HEADER = b"SQLite format 3\x00"
-FIX = ("give the folder copied back from the offline machine (it holds mlflow.db and mlartifacts/), "
+FIX = ("give the folder copied back from the offline machine (it holds mlflow.db and mlartifacts/, or journal/), "
        "a .db file, or an MLflow tracking URI")
 
 
@@ -85,9 +87,19 @@ def _sqlite(db: Path, source: str) -> Source:
     return Source(f"sqlite:///{db}", db.parent, source)
 
 
+def _journal(folder: Path, source: str) -> Source:
+    folder = folder.resolve()
+    return Source(journal.uri(folder), folder, source)
+
+
 def resolve_source(source: str) -> Source:
-    """The store SOURCE names: a folder holding mlflow.db (or an old ./mlruns file store), a .db
-    file, or a tracking URI. A one-line error when there is none."""
+    """The store SOURCE names: a folder holding mlflow.db (or an old ./mlruns file store) or runs
+    recorded to plain files (journal/, where MLflow was not installed), a .db file, or a tracking
+    URI. A one-line error when there is none."""
+    if source.startswith(journal.SCHEME):
+        if not journal.is_journal(journal.folder_of(source)):
+            raise UserError(f"SOURCE {source}: no runs recorded to plain files there; {FIX}")
+        return _journal(journal.folder_of(source), source)
     if "://" in source:
         if source.startswith("sqlite:///"):
             db = Path(source[len("sqlite:///"):].split("?", 1)[0])
@@ -105,6 +117,9 @@ def resolve_source(source: str) -> Source:
         return _sqlite(path, source)
     if (path / "mlflow.db").is_file():
         return _sqlite(path / "mlflow.db", source)
+    for folder in (path / JOURNAL_DIR, path):
+        if journal.is_journal(folder):
+            return _journal(folder, source)
     if _file_store(path):
         _allow_file_store()
         return Source(path.resolve().as_uri(), path.resolve(), source)
@@ -112,6 +127,8 @@ def resolve_source(source: str) -> Source:
 
 
 def _store_key(uri: str) -> str:
+    if uri.startswith(journal.SCHEME):
+        return str(journal.folder_of(uri).resolve())
     if uri.startswith("sqlite:///"):
         return str(Path(uri[len("sqlite:///"):].split("?", 1)[0]).resolve())
     return uri.rstrip("/")
@@ -148,7 +165,7 @@ def _open_source(src: Source, experiment: str):
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     try:
-        client = MlflowClient(tracking_uri=src.uri)
+        client = journal.Reader(src.folder) if src.uri.startswith(journal.SCHEME) else MlflowClient(tracking_uri=src.uri)
         exp = client.get_experiment_by_name(experiment)
         names = [] if exp is not None else [e.name for e in client.search_experiments()]
     except Exception as e:  # a store that cannot be opened fails in many ways

@@ -240,86 +240,115 @@ def open_experiment(uri: str, name: str):
     return client, exp_id
 
 
-def _client():
-    return open_experiment(recording_uri(), experiment_name())
+class _MlflowRecorder:
+    """What `stage_run` asks of a store (journal.Recorder answers the same for plain files), from MLflow."""
+
+    def __init__(self, client, exp_id: str) -> None:
+        self.client, self.exp_id = client, exp_id
+
+    def running(self) -> list[tuple[str, dict]]:
+        found = self.client.search_runs([self.exp_id], filter_string="attributes.status = 'RUNNING'", max_results=1000)
+        return [(r.info.run_id, r.data.tags) for r in found]
+
+    def latest_finished(self, tag: str, value: str) -> tuple[str, dict] | None:
+        found = self.client.search_runs(
+            [self.exp_id], filter_string=f"tags.`{tag}` = '{value}' and attributes.status = 'FINISHED'",
+            order_by=["attributes.start_time DESC"], max_results=1)
+        return (found[0].info.run_id, found[0].data.tags) if found else None
+
+    def create(self, tags: dict[str, str]) -> str:
+        return self.client.create_run(self.exp_id, tags=tags).info.run_id
+
+    def set_status(self, run_id: str, status: str) -> None:
+        if status == "RUNNING":
+            self.client.update_run(run_id, status="RUNNING")
+        else:
+            self.client.set_terminated(run_id, status)
+
+    def log(self, run_id: str, metrics=(), params: dict | None = None, tags: dict | None = None) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        batch = [Metric(k, float(v), ts, step) for k, v, ts, step in metrics]
+        for i in range(0, len(batch), 500):  # MLflow's limit on a batch's metrics is 1000
+            self.client.log_batch(run_id, metrics=batch[i:i + 500])
+        if params:
+            items = [Param(k, str(v)) for k, v in params.items()]
+            for i in range(0, len(items), 100):  # and on its params
+                self.client.log_batch(run_id, params=items[i:i + 100])
+        if tags:
+            self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(path), artifact_path)
+
+
+def recorder():
+    """The store a stage records to, behind the small interface `stage_run` uses: plain files for a
+    `journal:` URI (stages/runtime/journal.py, no MLflow needed), else MLflow."""
+    from stages.runtime import journal
+
+    uri = recording_uri()
+    if uri.startswith(journal.SCHEME):
+        return journal.Recorder(journal.folder_of(uri), experiment_name())
+    return _MlflowRecorder(*open_experiment(uri, experiment_name()))
 
 
 def init_store() -> str:
     """Create the store and the experiment now (before parallel workers start); returns the URI."""
-    _client()
+    recorder()
     return recording_uri()
 
 
-def mark_killed(client, exp_id: str) -> list[str]:
+def mark_killed(rec) -> list[str]:
     """Runs left RUNNING by a process of this host that no longer exists -> KILLED."""
     host = socket.gethostname()
     killed = []
-    for run in client.search_runs([exp_id], filter_string="attributes.status = 'RUNNING'", max_results=1000):
-        tags = run.data.tags
+    for run_id, tags in rec.running():
         pid = tags.get("pbr.pid")
         if tags.get("pbr.host") == host and pid and pid.isdigit() and not pid_alive(int(pid)):
-            client.set_terminated(run.info.run_id, "KILLED")
-            killed.append(run.info.run_id)
+            rec.set_status(run_id, "KILLED")
+            killed.append(run_id)
     return killed
 
 
 class StageRun:
-    """The pipeline execution's MLflow run, as seen by one stage."""
+    """The pipeline execution's run, as seen by one stage."""
 
-    def __init__(self, client, run_id: str) -> None:
-        self.client, self.run_id = client, run_id
+    def __init__(self, rec, run_id: str) -> None:
+        self.rec, self.run_id = rec, run_id
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
-        for i in range(0, len(batch), 500):
-            self.client.log_batch(self.run_id, metrics=batch[i:i + 500])
+        self.rec.log(self.run_id, metrics=[(k, float(v), now, step) for k, v in metrics.items() if v is not None])
 
     def log_series(self, rows: list[tuple[int, dict[str, float]]]) -> None:
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for step, d in rows for k, v in d.items() if v is not None]
-        for i in range(0, len(batch), 500):
-            self.client.log_batch(self.run_id, metrics=batch[i:i + 500])
+        self.rec.log(self.run_id, metrics=[(k, float(v), now, step) for step, d in rows for k, v in d.items()
+                                           if v is not None])
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        from mlflow.entities import RunTag
-
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self.rec.log(self.run_id, tags={k: str(v) for k, v in tags.items()})
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if Path(path).exists():
-            self.client.log_artifact(self.run_id, str(path), artifact_path)
-
-
-def _params(flat: dict[str, Any]):
-    from mlflow.entities import Param
-
-    return [Param(k, str(v)) for k, v in flat.items()]
+            self.rec.log_artifact(self.run_id, Path(path), artifact_path)
 
 
 @contextlib.contextmanager
 def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: dict | None = None
               ) -> Iterator[StageRun]:
-    client, exp_id = _client()
-    mark_killed(client, exp_id)
+    rec = recorder()
+    mark_killed(rec)
     git = git_state()
     key = pipeline_key(params_file, git["git.commit"])
-    candidates = client.search_runs(
-        [exp_id], filter_string=f"tags.`pbr.pipeline_key` = '{key}' and attributes.status = 'FINISHED'",
-        order_by=["attributes.start_time DESC"], max_results=1)
-    run_id = None
-    if candidates and candidates[0].data.tags.get(f"pbr.stage.{stage}") != "done":
-        run_id = candidates[0].info.run_id
-        client.update_run(run_id, status="RUNNING")
+    found = rec.latest_finished("pbr.pipeline_key", key)
+    if found is not None and found[1].get(f"pbr.stage.{stage}") != "done":
+        run_id = found[0]
+        rec.set_status(run_id, "RUNNING")
     else:
-        run = client.create_run(exp_id, tags={"pbr.pipeline_key": key})
-        run_id = run.info.run_id
-        client.log_batch(run_id, params=_params(flat_params))
-    r = StageRun(client, run_id)
+        run_id = rec.create({"pbr.pipeline_key": key})
+        rec.log(run_id, params=flat_params)
+    r = StageRun(rec, run_id)
     r.set_tags({**git, "pbr.pid": os.getpid(), "pbr.host": socket.gethostname(), "pbr.stage": stage,
                 "dvc.exp_name": os.environ.get("DVC_EXP_NAME", ""),
                 "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
@@ -329,7 +358,7 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
     try:
         yield r
     except BaseException:
-        client.set_terminated(run_id, "FAILED")
+        rec.set_status(run_id, "FAILED")
         raise
     r.set_tags({f"pbr.stage.{stage}": "done", "pbr.pid": ""})
-    client.set_terminated(run_id, "FINISHED")
+    rec.set_status(run_id, "FINISHED")

@@ -1,0 +1,183 @@
+"""Runs recorded to plain files, for a machine without MLflow (a GPU box, an air-gapped node).
+
+The stages record through `tracking.stage_run` as always; with `MLFLOW_TRACKING_URI=journal:DIR`
+(what `pbr sweep --offline` sets where MLflow is not installed) the records go to DIR, one folder
+per run, in formats any tool reads:
+
+    DIR/<experiment>/<run id>/run.json       status, start and end times (ms), run name
+    DIR/<experiment>/<run id>/params.json    {"key": "value"}
+    DIR/<experiment>/<run id>/tags.json      {"key": "value"}
+    DIR/<experiment>/<run id>/metrics.jsonl  one {"key", "value", "timestamp", "step"} a line
+    DIR/<experiment>/<run id>/artifacts/     the logged files, under their artifact paths
+
+`pbr import` reads such a folder (`Reader`, with MLflow's names for what it reads) and copies its
+runs into an MLflow store like any other source. Nothing here imports MLflow.
+
+Each run is written by one stage process at a time; the JSON files are replaced whole (written
+beside, then renamed), so a kill leaves the previous version, and a kill mid-line leaves a last
+metrics line that the reader skips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Iterable
+
+SCHEME = "journal:"
+RUN, PARAMS, TAGS, METRICS, ARTIFACTS = "run.json", "params.json", "tags.json", "metrics.jsonl", "artifacts"
+
+
+def uri(folder: Path) -> str:
+    return f"{SCHEME}{Path(folder).resolve()}"
+
+
+def folder_of(journal_uri: str) -> Path:
+    return Path(journal_uri[len(SCHEME):])
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _read(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return default
+
+
+def _replace(path: Path, value: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+class Recorder:
+    """The stages' side: the few things `tracking.stage_run` asks of a store."""
+
+    def __init__(self, folder: Path, experiment: str) -> None:
+        self.home = Path(folder) / experiment
+        self.home.mkdir(parents=True, exist_ok=True)
+
+    def _runs(self) -> list[tuple[str, dict, dict]]:
+        out = []
+        for d in self.home.iterdir():
+            info = _read(d / RUN)
+            if info is not None:
+                out.append((d.name, info, _read(d / TAGS, {})))
+        return out
+
+    def running(self) -> list[tuple[str, dict]]:
+        return [(rid, tags) for rid, info, tags in self._runs() if info["status"] == "RUNNING"]
+
+    def latest_finished(self, tag: str, value: str) -> tuple[str, dict] | None:
+        found = [(info["start_time"], rid, tags) for rid, info, tags in self._runs()
+                 if info["status"] == "FINISHED" and tags.get(tag) == value]
+        return max(found)[1:] if found else None
+
+    def create(self, tags: dict[str, str]) -> str:
+        rid = uuid.uuid4().hex
+        d = self.home / rid
+        (d / ARTIFACTS).mkdir(parents=True)
+        _replace(d / TAGS, {k: str(v) for k, v in tags.items()})
+        _replace(d / PARAMS, {})
+        _replace(d / RUN, {"run_id": rid, "status": "RUNNING", "start_time": _now_ms(), "end_time": None})
+        return rid
+
+    def set_status(self, rid: str, status: str) -> None:
+        d = self.home / rid
+        info = _read(d / RUN)
+        info.update(status=status, end_time=None if status == "RUNNING" else _now_ms())
+        _replace(d / RUN, info)
+
+    def log(self, rid: str, metrics: Iterable[tuple[str, float, int, int]] = (), params: dict | None = None,
+            tags: dict | None = None) -> None:
+        d = self.home / rid
+        if params:
+            _replace(d / PARAMS, {**_read(d / PARAMS, {}), **{k: str(v) for k, v in params.items()}})
+        if tags:
+            _replace(d / TAGS, {**_read(d / TAGS, {}), **{k: str(v) for k, v in tags.items()}})
+        lines = "".join(json.dumps({"key": k, "value": v, "timestamp": ts, "step": step}) + "\n"
+                        for k, v, ts, step in metrics)
+        if lines:
+            with open(d / METRICS, "a") as f:
+                f.write(lines)
+
+    def log_artifact(self, rid: str, path: Path, artifact_path: str | None = None) -> None:
+        dest = self.home / rid / ARTIFACTS / (artifact_path or "")
+        dest.mkdir(parents=True, exist_ok=True)
+        tmp = dest / f".{Path(path).name}.tmp"
+        shutil.copyfile(path, tmp)
+        tmp.replace(dest / Path(path).name)
+
+
+def is_journal(folder: Path) -> bool:
+    """Whether `folder` holds recorded runs as this module writes them."""
+    return folder.is_dir() and any(folder.glob(f"*/*/{RUN}"))
+
+
+class _Page(list):
+    token = None
+
+
+class Reader:
+    """`pbr import`'s side: what sync reads of an MLflow source (get_experiment_by_name, search_runs,
+    get_metric_history, artifacts), from a journal folder, as plain objects with MLflow's field names."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+
+    def get_experiment_by_name(self, name: str):
+        home = self.folder / name
+        if not home.is_dir():
+            return None
+        return SimpleNamespace(experiment_id=name, name=name, artifact_location=str(home))
+
+    def search_experiments(self) -> list:
+        return [SimpleNamespace(name=d.name) for d in sorted(self.folder.iterdir()) if d.is_dir()]
+
+    def _metrics(self, d: Path) -> list[dict]:
+        try:
+            text = (d / METRICS).read_text()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in text.splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # the last line of a process killed while writing it
+                continue
+        return out
+
+    def search_runs(self, experiment_ids: list[str], order_by: list[str] | None = None, **_) -> _Page:
+        runs = []
+        for exp in experiment_ids:
+            for d in (self.folder / exp).iterdir():
+                info = _read(d / RUN)
+                if info is None:
+                    continue
+                tags = _read(d / TAGS, {})
+                latest: dict[str, dict] = {}
+                for m in self._metrics(d):  # MLflow's latest value: the highest step, then the newest
+                    old = latest.get(m["key"])
+                    if old is None or (m["step"], m["timestamp"]) >= (old["step"], old["timestamp"]):
+                        latest[m["key"]] = m
+                runs.append(SimpleNamespace(
+                    info=SimpleNamespace(run_id=info["run_id"], run_name=tags.get("mlflow.runName", ""),
+                                         status=info["status"], start_time=info["start_time"],
+                                         end_time=info["end_time"], artifact_uri=str(d / ARTIFACTS)),
+                    data=SimpleNamespace(params=_read(d / PARAMS, {}), tags=tags,
+                                         metrics={k: m["value"] for k, m in latest.items()}),
+                    experiment=exp))
+        runs.sort(key=lambda r: r.info.start_time, reverse=bool(order_by) and "DESC" in order_by[0])
+        return _Page(runs)
+
+    def get_metric_history(self, run_id: str, key: str) -> list:
+        d = next(self.folder.glob(f"*/{run_id}"))
+        return [SimpleNamespace(**m) for m in self._metrics(d) if m["key"] == key]
