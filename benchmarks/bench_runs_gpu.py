@@ -8,9 +8,10 @@
         --phases mps,mps-graphs --mps-runs 6 --out $OUT
 
 bench_routes times the ER step in a loop; this runs what `pbr sweep --offline` runs: each run its
-own process calling `stages.pipeline.train.run` (the code `pbr train` runs, without MLflow, which
-the GPU machines lack) on Seq-CIFAR-10-LT, ordered, IR 0.01, params.yaml's defaults but
-`--epochs` a task, PBR and ER (lr 0.1) seeds alike, as the fidelity grid mixes them:
+own process running the train then the evaluate stage (`pbr train`, `pbr evaluate`), recorded to
+plain files (stages/runtime/journal.py: the GPU machines have no MLflow), on Seq-CIFAR-10-LT,
+ordered, IR 0.01, params.yaml's defaults but `--epochs` a task, the fidelity grid's `--rows`
+(default PBR and ER at lr 0.1) seed by seed:
 
   mps   --mps-runs runs at once under an MPS daemon of stages.runtime.mps (what `--jobs auto` does)
   off   --off-runs runs at once time-slicing the GPU, the first seeds of the same rows
@@ -27,7 +28,10 @@ size with random pixels (the archive cannot travel to the GPU machine): speed, n
 real Seq-CIFAR-10-LT is 69 MB, over a call's 64 MiB, and 51 MB packed), and the final Class-IL of
 each seed in mps and mps-graphs is compared against the spread of the eager seeds.
 Results go to --out as runs_gpu.json and runs_gpu.md; each run's log goes to --out/logs as it runs
-(its per-task accuracies), so a call cut short still shows how far its runs came.
+(its per-task accuracies), so a call cut short still shows how far its runs came. The runs' records
+go to --out/journal.tar.gz, repacked as each run ends: `tar -xzf journal.tar.gz && pbr import
+journal` makes them runs of the project's store, which `pbr report` shows on rows of their own
+("Ran on cuda"). Give the commit the code is at as PBR_GIT_COMMIT where the copy has no .git.
 """
 
 from __future__ import annotations
@@ -48,14 +52,23 @@ ROWS = ("pbr", "er-lr0.1")
 
 
 def child(folder: Path) -> None:
-    """One run in `folder` (its params.yaml and data/prepared link): the train stage's own code."""
+    """One run in `folder` (its params.yaml and data/prepared link): what `pbr train` then `pbr evaluate`
+    run, recorded where MLFLOW_TRACKING_URI says (the parent sets plain files: journal:)."""
     os.chdir(folder)
-    from stages.pipeline import train
+    from stages.pipeline import evaluate, train
+    from stages.runtime import tracking
     from stages.runtime.config import load_config
 
     t0 = time.time()  # each line stamped: a call cut short still tells each task's pace
-    summary = train.run(load_config("params.yaml"),
-                        log=lambda m: print(f"[{time.time() - t0:6.0f} s] {m}", file=sys.stderr, flush=True))
+
+    def log(m):
+        print(f"[{time.time() - t0:6.0f} s] {m}", file=sys.stderr, flush=True)
+
+    cfg, params = load_config("params.yaml"), Path("params.yaml")
+    with tracking.stage_run("train", cfg.flat(), params) as run:
+        summary = train.run(cfg, log=log, tracker=run)
+    with tracking.stage_run("evaluate", cfg.flat(), params) as run:
+        evaluate.run(cfg, log=log, tracker=run)
     last = summary["class_il"]["matrix"][-1]
     print(json.dumps({"class_il_rows": summary["class_il"]["matrix"], "class_il": sum(last) / len(last)}), flush=True)
 
@@ -105,7 +118,21 @@ def carried(source: Path, dest: Path) -> dict:
     return {k: v for k, v in json.loads(manifest.read_text())["params"].items() if k not in ("root", "download")}
 
 
-def phase(name: str, base: Path, params: dict, runs: list, env: dict, logs: Path) -> dict:
+def pack(journal_dir: Path, out: Path) -> None:
+    """The runs' records (plain files, stages/runtime/journal.py) as one archive under `out`, replaced
+    whole: a call's files come back only two folders deep, and a call cut short keeps the last one.
+    Here: `tar -xzf journal.tar.gz && pbr import journal`."""
+    import tarfile
+
+    if not journal_dir.is_dir():
+        return
+    tmp = out / ".journal.tar.gz.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(journal_dir, arcname="journal")
+    tmp.replace(out / "journal.tar.gz")
+
+
+def phase(name: str, base: Path, params: dict, runs: list, env: dict, logs: Path, out: Path) -> dict:
     import yaml
 
     from stages.experiments.sweep import _merged
@@ -122,15 +149,16 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict, logs: Path
         procs.append((r, subprocess.Popen([sys.executable, __file__, "--child", str(d)], env=env, stdout=subprocess.PIPE,
                                           stderr=log, text=True)))
         log.close()
-    out = {}
+    results = {}
     for r, p in procs:
         text, _ = p.communicate()
+        pack(base / "journal", out)
         res = json.loads(text.strip().splitlines()[-1]) if p.returncode == 0 and text.strip() else None
         if res is None:
             tail = (logs / name / f"{r.name}.log").read_text().strip().splitlines()[-3:]
             res = {"failed": f"exit {p.returncode}: " + " | ".join(tail)[-600:]}
-        out[r.name] = res
-    return {"runs": out, "wall_s": time.time() - t0}
+        results[r.name] = res
+    return {"runs": results, "wall_s": time.time() - t0}
 
 
 def graphs_vs_eager(eager: dict, graphs: dict) -> dict:
@@ -197,6 +225,8 @@ def main() -> None:
                     "of data/prepared) instead of random pixels: accuracy, not only speed")
     ap.add_argument("--merge", type=Path, help="an earlier call's runs_gpu.json (same GPU model): its phases that "
                     "this call does not run join the tables, so eager and graphs may run in two calls")
+    ap.add_argument("--rows", default=",".join(ROWS), help="the fidelity grid's rows the runs take, seed "
+                    "by seed (as `pbr sweep fidelity --only row=...`)")
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench_runs_gpu_out")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -208,8 +238,12 @@ def main() -> None:
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    from stages.runtime import journal
+    from stages.runtime.tracking import git_state
+
+    git = git_state()  # the GPU machine's copy has no .git: there from PBR_GIT_COMMIT, given in the call
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "PBR_GIT_COMMIT": git["git.commit"], "PBR_GIT_DIRTY": git["git.dirty"]}
     result = {"meta": {"device": a.device, "width": a.width, "epochs": a.epochs, "started": time.strftime(
         "%Y-%m-%d %H:%M:%S UTC", time.gmtime())}, "phases": {}}
     if a.device == "cuda":
@@ -226,11 +260,13 @@ def main() -> None:
         result["phases"] = {k: v for k, v in earlier["phases"].items() if k not in a.phases.split(",")}
     with tempfile.TemporaryDirectory(prefix="pbr-runs-") as tmp:
         base = Path(tmp)
+        env["MLFLOW_TRACKING_URI"] = journal.uri(base / "journal")
         t = time.time()
         params = prepare(base, a)
         result["meta"]["prepare_s"] = round(time.time() - t, 1)
-        seeds = max(a.mps_runs, a.off_runs) // len(ROWS) + 1
-        grid = plan("fidelity", list(range(seeds)), {}, {"row": list(ROWS)}, ROOT / "params.yaml", "full")
+        rows = a.rows.split(",")
+        seeds = max(a.mps_runs, a.off_runs) // len(rows) + 1
+        grid = plan("fidelity", list(range(seeds)), {}, {"row": rows}, ROOT / "params.yaml", "full")
         by_seed = sorted(grid, key=lambda r: (r.overrides["seed"], r.name))
         phases = {"mps": (a.mps_runs, "mps", False), "off": (a.off_runs, "off", False),
                   "mps-graphs": (a.mps_runs, "mps", True)}
@@ -246,7 +282,7 @@ def main() -> None:
                 with mps.shared(mode if on else "off", on, log=lambda m: print(m, flush=True)) as shared:
                     res = phase(name, base, p, by_seed[:n], {**env, **{k: os.environ[k] for k in
                                                                        (mps.PIPE, mps.LOG) if k in os.environ}},
-                                out / "logs")
+                                out / "logs", out)
             except Exception as e:  # MPS refused: recorded, the other phase still runs
                 res = {"failed": f"{type(e).__name__}: {e}"}
                 shared = False

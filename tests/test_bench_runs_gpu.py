@@ -43,3 +43,32 @@ def test_a_packed_prepared_folder_unpacks_with_its_data_settings(tmp_path):
         assert (where / "data/prepared/task_00/train.parquet").read_bytes() == b"shard bytes"
     with pytest.raises(SystemExit, match="no data/prepared/manifest.json"):
         bench.carried(tmp_path / "linked", tmp_path / "empty" / "data" / "prepared")
+
+
+def test_a_run_records_to_plain_files_that_import_as_a_finished_run(tmp_path, finished, monkeypatch, capsys):
+    """A run as the GPU call runs it (the train and evaluate stages, recorded to plain files), packed
+    as the call returns it, then unpacked here: one complete run holding what the run printed."""
+    import shutil
+    import tarfile
+
+    from project import copy_project
+    from stages.experiments import report, sync
+    from stages.runtime import journal
+
+    run = copy_project(finished, tmp_path / "run")
+    shutil.rmtree(run / "artifacts/train")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", journal.uri(tmp_path / "j"))
+    monkeypatch.setenv("PBR_GIT_COMMIT", "0123abc")
+    monkeypatch.chdir(tmp_path)
+    bench.child(run)
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (tmp_path / "out").mkdir()
+    bench.pack(tmp_path / "j", tmp_path / "out")
+    with tarfile.open(tmp_path / "out/journal.tar.gz") as tar:
+        tar.extractall(tmp_path / "back")
+    # What `pbr import` reads (a journal imports as the MLflow store would: tests/test_sync.py).
+    assert sync.resolve_source(str(tmp_path / "back")).uri == journal.uri(tmp_path / "back/journal")
+    [got] = journal.Reader(tmp_path / "back/journal").search_runs(["pbr"])
+    assert got.info.status == "FINISHED" and got.data.tags[report.COMPLETE_TAG] == "true"
+    assert got.data.tags["git.commit"] == "0123abc" and got.data.tags["pbr.stage.train"] == "done"
+    assert got.data.metrics["class_il.acc"] == pytest.approx(printed["class_il"], abs=1e-3)
