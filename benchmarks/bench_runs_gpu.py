@@ -227,13 +227,15 @@ def main() -> None:
                     "this call does not run join the tables, so eager and graphs may run in two calls")
     ap.add_argument("--rows", default=",".join(ROWS), help="the fidelity grid's rows the runs take, seed "
                     "by seed (as `pbr sweep fidelity --only row=...`)")
+    ap.add_argument("--seeds", help="the seeds, as `pbr sweep --seeds` takes them (3-4, or 0,2); default from 0, "
+                    "as many as the runs of the largest phase need")
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench_runs_gpu_out")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     if a.child:
         return child(a.child)
-    from stages.experiments.sweep import plan
+    from stages.experiments.sweep import parse_seeds, plan
     from stages.runtime import mps
 
     out = Path(a.out)
@@ -265,8 +267,8 @@ def main() -> None:
         params = prepare(base, a)
         result["meta"]["prepare_s"] = round(time.time() - t, 1)
         rows = a.rows.split(",")
-        seeds = max(a.mps_runs, a.off_runs) // len(rows) + 1
-        grid = plan("fidelity", list(range(seeds)), {}, {"row": rows}, ROOT / "params.yaml", "full")
+        seeds = parse_seeds(a.seeds) if a.seeds else list(range(max(a.mps_runs, a.off_runs) // len(rows) + 1))
+        grid = plan("fidelity", seeds, {}, {"row": rows}, ROOT / "params.yaml", "full")
         by_seed = sorted(grid, key=lambda r: (r.overrides["seed"], r.name))
         phases = {"mps": (a.mps_runs, "mps", False), "off": (a.off_runs, "off", False),
                   "mps-graphs": (a.mps_runs, "mps", True)}
