@@ -8,7 +8,9 @@ killed stage is recognised by the next stage that starts (any pipeline) and mark
 
 The default store is sqlite at the repository root. `dvc exp run --queue` workers execute in
 copies under `<repo>/.dvc/tmp/exps/`; the store is anchored to `<repo>` so they all share it.
-`MLFLOW_TRACKING_URI` overrides the store (a `mlflow server`, for example).
+`MLFLOW_TRACKING_URI` overrides the store (a `mlflow server`, for example); `journal:DIR` records
+to plain files in DIR instead, on a machine without MLflow (stages/runtime/journal.py, for
+`pbr import` later).
 
 A server that cannot be reached (refused, unknown host, no answer within a couple of seconds) does
 not fail the user's training: the stage records to the offline store `<repo>/mlflow-offline/`
