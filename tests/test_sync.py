@@ -306,6 +306,14 @@ def test_plain_files_mark_a_dead_stage_killed_and_skip_a_torn_line(tmp_path, tem
     assert copies["gone"].info.status == "KILLED" and copies["gone"].data.metrics["train.loss"] == 1.0
 
 
+def test_plain_files_are_read_by_import_only(plain, tmp_path):
+    uri = journal.uri(plain / sync.JOURNAL_DIR)
+    for call in (lambda: report.collect_runs(uri, "pbr"), lambda: tracking.existing_experiment_id(uri, "pbr"),
+                 lambda: sync.import_runs(str(plain), journal.uri(tmp_path / "other"), "pbr")):
+        with pytest.raises(UserError, match="holds runs recorded to plain files, which only `pbr import` reads"):
+            call()
+
+
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path

@@ -193,8 +193,17 @@ def ui_link(base: str, experiment_id: str) -> str:
             "?workflowType=machine_learning&compareRunsMode=CHART")
 
 
+def refuse_journal(uri: str) -> None:
+    """A one-line error for a plain-file record where an MLflow store is needed (report, UI, import target)."""
+    if uri.startswith("journal:"):
+        folder = uri[len("journal:"):]
+        raise UserError(f"MLFLOW_TRACKING_URI {uri} holds runs recorded to plain files, which only `pbr import` "
+                        f"reads: `pbr import {folder}` into an MLflow store, then use that store (docs/offline.md)")
+
+
 def existing_experiment_id(uri: str, name: str) -> str:
     """The id of experiment `name` in the store at `uri`; a one-line error when there is none."""
+    refuse_journal(uri)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):].split("?", 1)[0]).is_file():
         raise UserError(f"no MLflow store at {uri}: run a stage first (dvc repro), or set MLFLOW_TRACKING_URI")
     try:
@@ -218,6 +227,7 @@ def open_experiment(uri: str, name: str):
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Creating initial database tables" per stage
 
+    refuse_journal(uri)
     with _creation_lock(uri):
         try:
             client = MlflowClient(tracking_uri=uri)
