@@ -145,8 +145,8 @@ def sweep(
                                                                "server: each run in DIR/runs/NAME, recorded in "
                                                                "DIR/mlflow.db; then `pbr import DIR` (docs/offline.md)."),
     record: str = typer.Option("auto", "--record", help="With --offline: mlflow (DIR/mlflow.db), files (plain files "
-                                                        "in DIR/journal, no MLflow needed), or auto: files where "
-                                                        "MLflow is not installed."),
+                                                        "in DIR/journal, no MLflow needed), or auto: as DIR already "
+                                                        "records, else files where MLflow is not installed."),
     params: Path = ParamsOpt,
 ) -> None:
     """Queue a paper grid as DVC experiments (`dvc exp run --queue`); `pbr report` tabulates them."""
