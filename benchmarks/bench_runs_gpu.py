@@ -122,13 +122,25 @@ def pack(journal_dir: Path, out: Path) -> None:
     """The runs' records (plain files, stages/runtime/journal.py) as one archive under `out`, replaced
     whole: a call's files come back only two folders deep, and a call cut short keeps the last one.
     Here: `tar -xzf journal.tar.gz && pbr import journal`."""
+    import io
     import tarfile
 
     if not journal_dir.is_dir():
         return
     tmp = out / ".journal.tar.gz.tmp"
     with tarfile.open(tmp, "w:gz") as tar:
-        tar.add(journal_dir, arcname="journal")
+        # Other runs write on meanwhile: each file is read whole once (a JSON file is replaced by a
+        # rename, so either version reads complete), its size taken from what was read.
+        for f in sorted(journal_dir.rglob("*")):
+            if f.name.startswith(".") or not f.is_file():  # one being written under a temporary name
+                continue
+            try:
+                data = f.read_bytes()
+            except OSError:  # renamed away since the listing: the next pack has it
+                continue
+            info = tarfile.TarInfo(f"journal/{f.relative_to(journal_dir).as_posix()}")
+            info.size, info.mtime = len(data), int(time.time())
+            tar.addfile(info, io.BytesIO(data))
     tmp.replace(out / "journal.tar.gz")
 
 
@@ -152,7 +164,10 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict, logs: Path
     results = {}
     for r, p in procs:
         text, _ = p.communicate()
-        pack(base / "journal", out)
+        try:
+            pack(base / "journal", out)
+        except OSError as e:  # the runs go on; the last archive stays, the next pack tries again
+            print(f"journal.tar.gz not repacked: {e}", flush=True)
         res = json.loads(text.strip().splitlines()[-1]) if p.returncode == 0 and text.strip() else None
         if res is None:
             tail = (logs / name / f"{r.name}.log").read_text().strip().splitlines()[-3:]

@@ -63,8 +63,10 @@ def test_a_run_records_to_plain_files_that_import_as_a_finished_run(tmp_path, fi
     bench.child(run)
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     (tmp_path / "out").mkdir()
+    (tmp_path / "j/pbr/.tags.json.123.tmp").write_text("{")  # another run's file mid-replace: left out
     bench.pack(tmp_path / "j", tmp_path / "out")
     with tarfile.open(tmp_path / "out/journal.tar.gz") as tar:
+        assert not [n for n in tar.getnames() if n.endswith(".tmp")]
         tar.extractall(tmp_path / "back")
     # What `pbr import` reads (a journal imports as the MLflow store would: tests/test_sync.py).
     assert sync.resolve_source(str(tmp_path / "back")).uri == journal.uri(tmp_path / "back/journal")

@@ -86,8 +86,9 @@ def test_a_backwards_seed_range_is_a_one_line_error(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().startswith("error: --seeds 2-1:") and len(r.stderr.splitlines()) == 1
 
 
-def test_the_record_follows_the_folder_then_mlflows_presence(tmp_path):
+def test_the_record_follows_the_folder_then_mlflows_presence(tmp_path, monkeypatch):
     from pbr.errors import UserError
+    from stages.experiments import offline
     from stages.experiments.offline import store_uri
 
     fresh, plain, db = tmp_path / "fresh", tmp_path / "plain", tmp_path / "db"
@@ -103,3 +104,8 @@ def test_the_record_follows_the_folder_then_mlflows_presence(tmp_path):
         store_uri(plain, "mlflow")
     with pytest.raises(UserError, match="--record sqlite: give one of auto, mlflow, files"):
         store_uri(fresh, "sqlite")
+    # On a machine without MLflow: plain files by default, and a folder already in mlflow.db says why not.
+    monkeypatch.setattr(offline, "mlflow_installed", lambda: False)
+    assert store_uri(fresh, "auto") == f"journal:{fresh / 'journal'}"
+    with pytest.raises(UserError, match="it records to mlflow.db, which needs MLflow, not installed here"):
+        store_uri(db, "auto")

@@ -299,11 +299,41 @@ def test_plain_files_mark_a_dead_stage_killed_and_skip_a_torn_line(tmp_path, tem
     status = {r.info.run_name: r.info.status for r in reader.search_runs(["pbr"])}
     assert (status.pop("gone"), status.pop("alive"), list(status.values())) == ("KILLED", "RUNNING", ["FINISHED"])
     assert [(m.value, m.step) for m in reader.get_metric_history(gone, "train.loss")] == [(2.0, 0), (1.0, 1)]
+    # Read again before it is marked: a run whose stage finished since the scan stays as it is.
+    [done] = [r.info.run_id for r in reader.search_runs(["pbr"]) if r.info.status == "FINISHED"]
+    assert not rec.kill_if_running(done)
+    assert {r.info.run_id: r.info.status for r in reader.search_runs(["pbr"])}[done] == "FINISHED"
     target = _store(template, tmp_path / "project")
     out = sync.import_runs(str(folder), target, "pbr", log=lambda m: None)
     assert (out.imported, out.skipped) == (2, 1)  # the live one is still running there
     copies = {r.info.run_name: r for r in _by_origin(target).values()}
     assert copies["gone"].info.status == "KILLED" and copies["gone"].data.metrics["train.loss"] == 1.0
+
+
+def test_a_stray_or_broken_entry_stops_neither_a_stage_nor_an_import(plain, template, tmp_path, monkeypatch):
+    """What a copy can bring into a journal (a desktop's dotfile, a run.json cut short, a folder of
+    someone else's): skipped by the stages' scan and by the import, which still takes every run."""
+    folder = tmp_path / "offline"
+    shutil.copytree(plain, folder)
+    runs = folder / sync.JOURNAL_DIR / "pbr"
+    (runs / ".DS_Store").write_bytes(b"\0\1")
+    (runs / "cut-short").mkdir()
+    (runs / "cut-short" / journal.RUN).write_text('{"run_id": "cut-sh')
+    (runs / "not-a-run").mkdir()
+    (runs / "not-a-run" / journal.RUN).write_text('{"status": "FINISHED"}')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", journal.uri(folder / sync.JOURNAL_DIR))
+    (tmp_path / "params.yaml").write_text("seed: 9\n")
+    with tracking.stage_run("train", {"seed": 9}, tmp_path / "params.yaml") as run:
+        run.log_metrics({"train.loss": 0.25})
+    target = _store(template, tmp_path / "project")
+    out = sync.import_runs(str(folder), target, "pbr", log=lambda m: None)
+    assert (out.imported, out.skipped) == (3, 1)  # the two complete ones, the new one; still-going skipped
+    # A folder whose only "runs" are not this module's is no journal: the usual one-line error.
+    (tmp_path / "other" / "x" / "y").mkdir(parents=True)
+    (tmp_path / "other" / "x" / "y" / journal.RUN).write_text("{}")
+    with pytest.raises(UserError, match="holds no mlflow.db"):
+        sync.import_runs(str(tmp_path / "other"), target, "pbr")
 
 
 def test_plain_files_are_read_by_import_only(plain, tmp_path):

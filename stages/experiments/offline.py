@@ -68,6 +68,9 @@ def store_uri(out: Path, record: str) -> str:
         raise UserError(f"--record {record}: {out} already holds runs recorded "
                         f"{'in mlflow.db' if has == 'mlflow' else 'to plain files'}; use another --offline folder")
     if record == "mlflow" and not mlflow_installed():
+        if has == "mlflow":
+            raise UserError(f"--offline {out}: it records to mlflow.db, which needs MLflow, not installed here: "
+                            "install it, or give another --offline folder (plain files there)")
         raise UserError("--record mlflow: MLflow is not installed here; use --record files (or auto) and "
                         "`pbr import` the folder where it is")
     return journal.uri(out / JOURNAL_DIR) if record == "files" else f"sqlite:///{out / 'mlflow.db'}"

@@ -27,7 +27,9 @@ import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
+
+from pbr.errors import UserError
 
 SCHEME = "journal:"
 RUN, PARAMS, TAGS, METRICS, ARTIFACTS = "run.json", "params.json", "tags.json", "metrics.jsonl", "artifacts"
@@ -46,10 +48,20 @@ def _now_ms() -> int:
 
 
 def _read(path: Path, default: Any = None) -> Any:
+    """The JSON file at `path`; `default` where there is none or it cannot be read whole (a stray file
+    copied in, a disk that lost the last write): one bad entry must not stop every later stage."""
     try:
         return json.loads(path.read_text())
-    except FileNotFoundError:
+    except (OSError, ValueError):
         return default
+
+
+def _run_folders(home: Path) -> Iterator[tuple[Path, dict]]:
+    """(folder, run.json) of each run under an experiment's folder, skipping what is not one."""
+    for d in home.iterdir():
+        info = _read(d / RUN) if d.is_dir() else None
+        if isinstance(info, dict) and info.get("run_id") == d.name and "status" in info:
+            yield d, info
 
 
 def _replace(path: Path, value: Any) -> None:
@@ -62,16 +74,14 @@ class Recorder:
     """The stages' side: the few things `tracking.stage_run` asks of a store."""
 
     def __init__(self, folder: Path, experiment: str) -> None:
+        if not experiment or "/" in experiment or experiment.startswith("."):
+            raise UserError(f"MLFLOW_EXPERIMENT_NAME {experiment!r}: with plain-file records give a name without '/' "
+                            "that does not start with '.'")
         self.home = Path(folder) / experiment
         self.home.mkdir(parents=True, exist_ok=True)
 
     def _runs(self) -> list[tuple[str, dict, dict]]:
-        out = []
-        for d in self.home.iterdir():
-            info = _read(d / RUN)
-            if info is not None:
-                out.append((d.name, info, _read(d / TAGS, {})))
-        return out
+        return [(d.name, info, _read(d / TAGS, {})) for d, info in _run_folders(self.home)]
 
     def running(self) -> list[tuple[str, dict]]:
         return [(rid, tags) for rid, info, tags in self._runs() if info["status"] == "RUNNING"]
@@ -96,6 +106,15 @@ class Recorder:
         info.update(status=status, end_time=None if status == "RUNNING" else _now_ms())
         _replace(d / RUN, info)
 
+    def kill_if_running(self, rid: str) -> bool:
+        """KILLED if the run is still RUNNING now (read again: its stage may have finished since the scan;
+        the caller has seen that stage's process gone, so nothing writes the run any more)."""
+        info = _read(self.home / rid / RUN)
+        if info is None or info["status"] != "RUNNING":
+            return False
+        self.set_status(rid, "KILLED")
+        return True
+
     def log(self, rid: str, metrics: Iterable[tuple[str, float, int, int]] = (), params: dict | None = None,
             tags: dict | None = None) -> None:
         d = self.home / rid
@@ -112,14 +131,14 @@ class Recorder:
     def log_artifact(self, rid: str, path: Path, artifact_path: str | None = None) -> None:
         dest = self.home / rid / ARTIFACTS / (artifact_path or "")
         dest.mkdir(parents=True, exist_ok=True)
-        tmp = dest / f".{Path(path).name}.tmp"
+        tmp = self.home / rid / f".artifact.{os.getpid()}.tmp"  # outside artifacts/: a kill leaves nothing there
         shutil.copyfile(path, tmp)
         tmp.replace(dest / Path(path).name)
 
 
 def is_journal(folder: Path) -> bool:
     """Whether `folder` holds recorded runs as this module writes them."""
-    return folder.is_dir() and any(folder.glob(f"*/*/{RUN}"))
+    return folder.is_dir() and any(next(_run_folders(e), None) for e in folder.iterdir() if e.is_dir())
 
 
 class _Page(list):
@@ -158,10 +177,7 @@ class Reader:
     def search_runs(self, experiment_ids: list[str], order_by: list[str] | None = None, **_) -> _Page:
         runs = []
         for exp in experiment_ids:
-            for d in (self.folder / exp).iterdir():
-                info = _read(d / RUN)
-                if info is None:
-                    continue
+            for d, info in _run_folders(self.folder / exp):
                 tags = _read(d / TAGS, {})
                 latest: dict[str, dict] = {}
                 for m in self._metrics(d):  # MLflow's latest value: the highest step, then the newest

@@ -277,6 +277,12 @@ class _MlflowRecorder:
         else:
             self.client.set_terminated(run_id, status)
 
+    def kill_if_running(self, run_id: str) -> bool:
+        if self.client.get_run(run_id).info.status != "RUNNING":  # its stage finished since the scan
+            return False
+        self.client.set_terminated(run_id, "KILLED")
+        return True
+
     def log(self, run_id: str, metrics=(), params: dict | None = None, tags: dict | None = None) -> None:
         from mlflow.entities import Metric, Param, RunTag
 
@@ -301,7 +307,8 @@ def recorder():
 
     uri = recording_uri()
     if uri.startswith(journal.SCHEME):
-        return journal.Recorder(journal.folder_of(uri), experiment_name())
+        # A relative folder is the repository's, as the default store is (queue workers run in copies).
+        return journal.Recorder(anchor() / journal.folder_of(uri), experiment_name())
     return _MlflowRecorder(*open_experiment(uri, experiment_name()))
 
 
@@ -317,8 +324,8 @@ def mark_killed(rec) -> list[str]:
     killed = []
     for run_id, tags in rec.running():
         pid = tags.get("pbr.pid")
-        if tags.get("pbr.host") == host and pid and pid.isdigit() and not pid_alive(int(pid)):
-            rec.set_status(run_id, "KILLED")
+        if tags.get("pbr.host") == host and pid and pid.isdigit() and not pid_alive(int(pid)) \
+                and rec.kill_if_running(run_id):
             killed.append(run_id)
     return killed
 
@@ -353,15 +360,19 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
     mark_killed(rec)
     git = git_state()
     key = pipeline_key(params_file, git["git.commit"])
+    # Whenever the run is RUNNING it names this process, so that a kill at any instant leaves a run the
+    # next stage marks KILLED, never one RUNNING for good.
+    me = {"pbr.pid": str(os.getpid()), "pbr.host": socket.gethostname()}
     found = rec.latest_finished("pbr.pipeline_key", key)
     if found is not None and found[1].get(f"pbr.stage.{stage}") != "done":
         run_id = found[0]
+        rec.log(run_id, tags=me)
         rec.set_status(run_id, "RUNNING")
     else:
-        run_id = rec.create({"pbr.pipeline_key": key})
+        run_id = rec.create({"pbr.pipeline_key": key, **me})
         rec.log(run_id, params=flat_params)
     r = StageRun(rec, run_id)
-    r.set_tags({**git, "pbr.pid": os.getpid(), "pbr.host": socket.gethostname(), "pbr.stage": stage,
+    r.set_tags({**git, **me, "pbr.stage": stage,
                 "dvc.exp_name": os.environ.get("DVC_EXP_NAME", ""),
                 "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
                 "mlflow.runName": os.environ.get("DVC_EXP_NAME") or f"{flat_params.get('method.name')}-"
@@ -372,5 +383,6 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
     except BaseException:
         rec.set_status(run_id, "FAILED")
         raise
-    r.set_tags({f"pbr.stage.{stage}": "done", "pbr.pid": ""})
+    # FINISHED first: killed before the tags, the stage's next try joins the run again (not "done").
     rec.set_status(run_id, "FINISHED")
+    r.set_tags({f"pbr.stage.{stage}": "done", "pbr.pid": ""})
