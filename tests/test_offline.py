@@ -109,3 +109,25 @@ def test_the_record_follows_the_folder_then_mlflows_presence(tmp_path, monkeypat
     assert store_uri(fresh, "auto") == f"journal:{fresh / 'journal'}"
     with pytest.raises(UserError, match="it records to mlflow.db, which needs MLflow, not installed here"):
         store_uri(db, "auto")
+
+
+def test_without_raw_data_the_runs_use_the_projects_matching_prepared_data(tmp_path, monkeypatch):
+    """A GPU box that pulled data/prepared (dvc pull) and not the archive: an offline sweep's runs use
+    it where its data settings are the run's; with the archive there, or other settings, they prepare."""
+    from stages.experiments import offline
+    from stages.runtime.config import from_dict
+
+    monkeypatch.chdir(tmp_path)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["data"].update(root=str(tmp_path / "raw"), download=False)
+    (tmp_path / "data/prepared").mkdir(parents=True)
+    made = {**from_dict(params).to_dict()["data"], "root": "/where/it/was/prepared", "download": True}
+    (tmp_path / "data/prepared/manifest.json").write_text(json.dumps({"params": made}))
+    said = []
+    link = offline._prepared(tmp_path / "out", params, {}, said.append)
+    assert link.resolve() == (tmp_path / "data/prepared").resolve() and len(said) == 1 and "no raw data" in said[0]
+    assert offline._prepared(tmp_path / "out", params, {}, said.append) == link and len(said) == 1  # said once
+    other = {**params, "data": {**params["data"], "imbalance_ratio": 0.1}}
+    assert offline._project_prepared(other) is None
+    fakedata.write_cifar(tmp_path / "raw", 10, 4, 2)  # the archive is here: prepare from it, as before
+    assert offline._project_prepared(params) is None

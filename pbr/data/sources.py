@@ -295,6 +295,11 @@ def _download(dataset: str, root: Path, cands: list[Path]) -> None:
         ) from None
 
 
+def raw_present(dataset: str, root: str | Path) -> bool:
+    """Whether `root` holds `dataset` in a form load_raw reads (without reading it)."""
+    return any(p.exists() for p in _candidates(dataset, Path(root)))
+
+
 def load_raw(dataset: str, root: str | Path, download: bool = False) -> RawDataset:
     """Read `dataset` from `root` (archive or extracted folder), downloading it when allowed."""
     root = Path(root)

@@ -104,11 +104,39 @@ def _stage(cmd: str, cwd: Path, env: dict[str, str], log_file: Path) -> int:
                               stderr=subprocess.STDOUT).returncode
 
 
-def _prepared(out: Path, params: dict, env: dict[str, str]) -> Path:
-    """The prepared data of `params`' data section, built once per distinct section."""
+def _project_prepared(params: dict) -> Path | None:
+    """The project's own data/prepared (from `dvc pull`, or copied) when it was prepared with `params`'
+    data settings and no raw data is at data.root to prepare from (a GPU box that pulled the prepared
+    data and not the archive); None otherwise. The train stage checks every shard's hash."""
+    from pbr.data.sources import raw_present
+    from stages.runtime import paths
+    from stages.runtime.config import from_dict
+
+    local = from_repo(paths.PREPARED)
+    try:
+        made = json.loads((local / "manifest.json").read_text())["params"]
+    except (OSError, ValueError, KeyError):
+        return None
+    want = from_dict(params).to_dict()["data"]
+    machine_local = ("root", "download")
+    if any(made.get(k) != v for k, v in want.items() if k not in machine_local):
+        return None
+    return None if raw_present(want["dataset"], from_repo(want["root"])) else local
+
+
+def _prepared(out: Path, params: dict, env: dict[str, str], log: Callable[[str], None] = print) -> Path:
+    """The prepared data of `params`' data section, built once per distinct section (or the project's
+    own, where it matches and there is no raw data: _project_prepared)."""
     key = hashlib.sha256(json.dumps(params["data"], sort_keys=True).encode()).hexdigest()[:12]
     home = out / "data" / key
     if not (home / "data" / "prepared" / "manifest.json").is_file():
+        local = _project_prepared(params)
+        if local is not None:
+            log(f"no raw data at {params['data'].get('root')}: the runs use the project's {local} (prepared with "
+                "the same data settings)")
+            (home / "data").mkdir(parents=True, exist_ok=True)
+            (home / "data" / "prepared").symlink_to(local)
+            return home / "data" / "prepared"
         home.mkdir(parents=True, exist_ok=True)
         _write(home / "params.yaml", yaml.safe_dump(params, sort_keys=False))
         if _stage("prepare", home, env, home / "prepare.log") != 0:
@@ -116,7 +144,8 @@ def _prepared(out: Path, params: dict, env: dict[str, str]) -> Path:
     return home / "data" / "prepared"
 
 
-def _start(run, out: Path, base: dict, env: dict[str, str]) -> subprocess.Popen | None:
+def _start(run, out: Path, base: dict, env: dict[str, str], log: Callable[[str], None] = print
+           ) -> subprocess.Popen | None:
     d = out / "runs" / run.name
     d.mkdir(parents=True, exist_ok=True)
     params = _params(base, run.overrides)
@@ -124,7 +153,7 @@ def _start(run, out: Path, base: dict, env: dict[str, str]) -> subprocess.Popen 
     link = d / "data" / "prepared"
     if not link.exists():
         link.parent.mkdir(exist_ok=True)
-        link.symlink_to(_prepared(out, params, env))
+        link.symlink_to(_prepared(out, params, env, log))
     script = f"{sys.executable} -m stages.cli train && {sys.executable} -m stages.cli evaluate"
     # Named in MLflow as the sweep names it (as a queued DVC experiment would be). The child keeps
     # its own copy of the log's descriptor: ours is closed at once (a long sweep opens no pile of files).
@@ -172,7 +201,7 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
     while todo or live:
         while todo and len(live) < jobs:
             r = todo.pop(0)
-            live[r.name] = (r, _start(r, out, base, env), time.time())
+            live[r.name] = (r, _start(r, out, base, env, log), time.time())
             log(f"started {r.name}")
         time.sleep(1.0)
         for name, (r, proc, t0) in list(live.items()):
