@@ -1,12 +1,12 @@
 """`pbr sweep NAME --offline DIR`: a sweep's runs without DVC or a tracking server.
 
-For a machine that has the code and the raw data but no DVC queue and no reachable MLflow (a GPU
+For a machine that has the code and the data but no DVC queue and no reachable MLflow (a GPU
 box, an air-gapped compute node): each run gets its own folder `DIR/runs/<name>/` holding its
 params.yaml, its artifacts and reports, and runs `pbr train` then `pbr evaluate` there. Every run
 records to one sqlite MLflow store in the folder (`DIR/mlflow.db`, artifacts in `DIR/mlartifacts/`),
 or, where MLflow is not installed (or with `--record files`), to plain files in `DIR/journal/`
-(stages/runtime/journal.py), with the code commit of the project it was started from. `pbr import DIR` copies the runs into
-the project's store later, where `pbr report` shows them like any other.
+(stages/runtime/journal.py), with the code commit of the project it was started from. `pbr import
+DIR` copies the runs into the project's store later, where `pbr report` shows them like any other.
 
 A finished run leaves `DIR/runs/<name>/DONE` (its metrics); a second call skips it, and a run
 killed part-way resumes from its finished tasks (the train stage's own resume).
