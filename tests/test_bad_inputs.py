@@ -7,7 +7,6 @@ import sys
 import pytest
 
 import fakedata
-from conftest import ROOT
 from stages.runtime.config import Config, ConfigError, from_dict
 
 # Every parameter with the invalid values a user can write for it (the keys methods declare: below).
@@ -250,12 +249,9 @@ def test_training_output_that_cannot_be_written(tmp_path, prepared, pbr):
     assert not _leftovers(repo)
 
 
-def test_ui_without_a_store_or_its_experiment(tmp_path):
+def test_ui_without_a_store_or_its_experiment(tmp_path, pbr_main):
     """`pbr ui` before any stage ran: one line, and no empty store created on the way."""
-    import os
-
-    run = lambda **e: subprocess.run([sys.executable, "-m", "stages.cli", "ui"], cwd=tmp_path, capture_output=True,  # noqa: E731
-                                     text=True, timeout=120, env={**os.environ, **e})
+    run = lambda **e: pbr_main("ui", cwd=tmp_path, env=e)  # noqa: E731
     _one_line_error(run(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"), "no MLflow store at", "dvc repro")
     assert not (tmp_path / "mlflow.db").exists()
     from mlflow import MlflowClient

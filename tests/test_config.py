@@ -115,13 +115,12 @@ def test_cli_prints_one_line_and_no_traceback(tmp_path):
     assert not (tmp_path / "data").exists()
 
 
-def test_cli_on_bad_yaml_and_missing_file(tmp_path):
+def test_cli_on_bad_yaml_and_missing_file(tmp_path, pbr_main):
+    """In this process (conftest's pbr_main: the same main()); the process above prints one such error."""
     (tmp_path / "params.yaml").write_text("data: [unclosed\n")
-    r = subprocess.run([sys.executable, "-m", "stages.cli", "prepare"], cwd=tmp_path, capture_output=True,
-                       text=True, env=_env())
+    r = pbr_main("prepare", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("error: params.yaml: not valid YAML at line")
-    r = subprocess.run([sys.executable, "-m", "stages.cli", "prepare", "-p", "nope.yaml"], cwd=tmp_path,
-                       capture_output=True, text=True, env=_env())
+    r = pbr_main("prepare", "-p", "nope.yaml", cwd=tmp_path)
     assert r.returncode == 2 and "nope.yaml: no such parameters file" in r.stderr
 
 

@@ -79,10 +79,9 @@ def test_an_offline_sweep_runs_records_resumes_and_imports(tmp_path, pbr_main):
     assert {"ER", "ER (lr 0.03)"} <= set(rows), report.stdout
 
 
-def test_a_backwards_seed_range_is_a_one_line_error(tmp_path):
+def test_a_backwards_seed_range_is_a_one_line_error(tmp_path, pbr_main):
     (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
-    r = _pbr("sweep", "fidelity", "--seeds", "2-1", "--offline", str(tmp_path / "o"), cwd=tmp_path,
-             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = pbr_main("sweep", "fidelity", "--seeds", "2-1", "--offline", str(tmp_path / "o"), cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().startswith("error: --seeds 2-1:") and len(r.stderr.splitlines()) == 1
 
 

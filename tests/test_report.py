@@ -2,9 +2,6 @@
 
 import csv
 import math
-import os
-import sys
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -292,10 +289,10 @@ def test_a_run_is_read_with_the_values_it_ran_with_not_todays_defaults():
     assert old["method.pbr.alpha"] == "1.0" and "model.dropout" not in old  # only keys the run has
 
 
-def test_cli(env, tmp_path):
-    e = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": env}
-    r = subprocess.run([sys.executable, "-m", "stages.cli", "report"], cwd=tmp_path, env=e,
-                       capture_output=True, text=True, timeout=120)
+def test_cli(env, tmp_path, pbr_main):
+    """`pbr report` through the CLI's main() in this process (conftest's pbr_main); test_add_method_dvc
+    runs it as a process."""
+    r = pbr_main("report", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": env})
     assert r.returncode == 0, r.stderr
     assert "## ordered, IR 0.01" in r.stdout and "| 200 | PBR | 53.00 ± 3.61 (n=3) [paper 51.00]" in r.stdout
     assert (tmp_path / "reports" / "report.csv").is_file() and "Traceback" not in r.stderr
@@ -303,8 +300,7 @@ def test_cli(env, tmp_path):
     assert (tmp_path / "reports" / "report" / "shuffled-ir-0.1-acc.png").is_file()
     assert "logged to MLflow experiment 'pbr-report', run " in r.stderr
     # no store at all: the message, exit 0, and no mlflow.db created
-    r = subprocess.run([sys.executable, "-m", "stages.cli", "report", "--tracking-uri", f"sqlite:///{tmp_path}/x.db"],
-                       cwd=tmp_path, env=e, capture_output=True, text=True, timeout=120)
+    r = pbr_main("report", "--tracking-uri", f"sqlite:///{tmp_path}/x.db", cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("No finished pipeline runs") and "dvc repro" in r.stdout
     assert r.stderr == "" and not (tmp_path / "x.db").exists()
 

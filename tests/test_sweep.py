@@ -1,7 +1,5 @@
 """The paper's grids as DVC experiment runs (planning only; test_sweep_dvc queues and runs them)."""
 
-import subprocess
-import sys
 
 import pytest
 
@@ -103,15 +101,13 @@ def test_a_run_two_tables_share_is_one_experiment():
         assert len({r.name for r in runs}) == len(runs), grid
 
 
-def test_cli_dry_run(tmp_path):
+def test_cli_dry_run(tmp_path, pbr_main):
     (tmp_path / "params.yaml").write_text(PARAMS.read_text())
-    r = subprocess.run([sys.executable, "-m", "stages.cli", "sweep", "table5", "--seeds", "2", "--dry-run"],
-                       cwd=tmp_path, capture_output=True, text=True)
+    r = pbr_main("sweep", "table5", "--seeds", "2", "--dry-run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 16 and all(x.startswith("dvc exp run --queue -n c10-") for x in lines)
-    r = subprocess.run([sys.executable, "-m", "stages.cli", "sweep", "table3", "-S", "train.epochs"],
-                       cwd=tmp_path, capture_output=True, text=True)
+    r = pbr_main("sweep", "table3", "-S", "train.epochs", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip() == (
         "error: -S 'train.epochs': write it as key=value, e.g. -S train.epochs=5")
 

@@ -288,7 +288,7 @@ def test_plain_files_mark_a_dead_stage_killed_and_skip_a_torn_line(tmp_path, tem
     dead.wait()
     host = so.gethostname()
     gone = rec.create({"pbr.host": host, "pbr.pid": str(dead.pid), "mlflow.runName": "gone"})
-    alive = rec.create({"pbr.host": host, "pbr.pid": str(os.getpid()), "mlflow.runName": "alive"})
+    rec.create({"pbr.host": host, "pbr.pid": str(os.getpid()), "mlflow.runName": "alive"})  # a stage still going
     rec.log(gone, metrics=[("train.loss", 2.0, 1, 0), ("train.loss", 1.0, 2, 1)])
     with open(folder / "pbr" / gone / journal.METRICS, "a") as f:
         f.write('{"key": "train.loss", "val')  # the kill came mid-line
@@ -354,11 +354,9 @@ def _write(path: Path, text: str) -> Path:
     (lambda d: d, "holds no mlflow.db"),
     (lambda d: _write(d / "notes.db", "not a database"), "is not an sqlite MLflow store"),
 ])
-def test_cli_names_a_bad_source_in_one_line(tmp_path, make, says):
+def test_cli_names_a_bad_source_in_one_line(tmp_path, make, says, pbr_main):
     bad = make(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/target.db"}
-    r = subprocess.run([sys.executable, "-m", "stages.cli", "import", str(bad)], capture_output=True, text=True,
-                       env=env, cwd=tmp_path, timeout=60)
+    r = pbr_main("import", str(bad), cwd=tmp_path, env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/target.db"})
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and str(bad) in r.stderr and says in r.stderr
     assert not (tmp_path / "target.db").exists()  # nothing created for a bad SOURCE
