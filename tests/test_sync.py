@@ -352,6 +352,7 @@ def _write(path: Path, text: str) -> Path:
 @pytest.mark.parametrize("make, says", [
     (lambda d: d / "missing", "no such file or folder"),
     (lambda d: d, "holds no mlflow.db"),
+    (lambda d: (d / "journal" / "pbr").mkdir(parents=True) or d, "its journal/ holds no run yet"),
     (lambda d: _write(d / "notes.db", "not a database"), "is not an sqlite MLflow store"),
 ])
 def test_cli_names_a_bad_source_in_one_line(tmp_path, make, says, pbr_main):

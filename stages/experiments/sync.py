@@ -120,6 +120,9 @@ def resolve_source(source: str) -> Source:
     for folder in (path / JOURNAL_DIR, path):
         if journal.is_journal(folder):
             return _journal(folder, source)
+    if (path / JOURNAL_DIR).is_dir():
+        raise UserError(f"SOURCE {source}: its {JOURNAL_DIR}/ holds no run yet (an offline sweep records a run there "
+                        "when its first stage starts); import again once runs have started")
     if _file_store(path):
         _allow_file_store()
         return Source(path.resolve().as_uri(), path.resolve(), source)
