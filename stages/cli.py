@@ -143,7 +143,8 @@ def sweep(
                                                               "starts; mps insists; off time-slices (docs/gpu.md)."),
     offline: Path | None = typer.Option(None, "--offline", help="Run the grid here and now without DVC or a tracking "
                                                                "server: each run in DIR/runs/NAME, recorded in "
-                                                               "DIR/mlflow.db; then `pbr import DIR` (docs/offline.md)."),
+                                                               "DIR/mlflow.db (or plain files: --record); then `pbr "
+                                                               "import DIR` (docs/offline.md)."),
     record: str = typer.Option("auto", "--record", help="With --offline: mlflow (DIR/mlflow.db), files (plain files "
                                                         "in DIR/journal, no MLflow needed), or auto: as DIR already "
                                                         "records, else files where MLflow is not installed."),

@@ -183,6 +183,8 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
     returns (finished now, skipped, failed names)."""
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: give at least 1 with --offline")
+    from stages.runtime import journal
+
     root = Path(__file__).resolve().parents[2]  # the checkout whose code the runs use
     base = yaml.safe_load(params_file.read_text())
     out = out.expanduser().resolve()
@@ -190,7 +192,7 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
     store = store_uri(out, record)
     env = _env(out, root, store)
     records = out / "mlflow.db" if store.startswith("sqlite:") else out / JOURNAL_DIR
-    if store.startswith("journal:"):
+    if store.startswith(journal.SCHEME):
         log(f"recording to plain files in {records}: `pbr import {out}` where MLflow is")
     # The store and its artifact folder are made once, from `out`, before parallel runs open it.
     subprocess.run([sys.executable, "-c", "from stages.runtime import tracking; tracking.init_store()"], cwd=out,

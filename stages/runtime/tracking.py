@@ -195,8 +195,10 @@ def ui_link(base: str, experiment_id: str) -> str:
 
 def refuse_journal(uri: str) -> None:
     """A one-line error for a plain-file record where an MLflow store is needed (report, UI, import target)."""
-    if uri.startswith("journal:"):
-        folder = uri[len("journal:"):]
+    from stages.runtime import journal
+
+    if uri.startswith(journal.SCHEME):
+        folder = journal.folder_of(uri)
         raise UserError(f"MLFLOW_TRACKING_URI {uri} holds runs recorded to plain files, which only `pbr import` "
                         f"reads: `pbr import {folder}` into an MLflow store, then use that store (docs/offline.md)")
 
