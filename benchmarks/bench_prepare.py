@@ -7,9 +7,7 @@ shards against unpickling the raw batches.
 from __future__ import annotations
 
 import argparse
-import os
 import pickle
-import resource
 import subprocess
 import sys
 import tarfile

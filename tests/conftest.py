@@ -52,6 +52,19 @@ def finished(tmp_path_factory):
 
 
 @pytest.fixture
+def records_to_files(tmp_path, monkeypatch):
+    """The stages of this test, in this process and in the processes it starts, record their runs to
+    plain files (`MLFLOW_TRACKING_URI=journal:<tmp_path>/journal`, stages/runtime/journal.py) rather
+    than to MLflow: the same `stage_run` code, and a stage process then skips MLflow's imports (about
+    2.8 of its 5 CPU s). For tests whose subject is not the record; MLflow's store is exercised end
+    to end by the finished pipeline, test_methods_dvc's ER, the team walkthrough and the queue workers."""
+    from stages.runtime import journal
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", journal.uri(tmp_path / "journal"))
+    return journal.Reader(tmp_path / "journal")
+
+
+@pytest.fixture
 def pbr_main(monkeypatch, capfd):
     """`pbr ARGS` through the CLI's own main() in this process: the same output, one-line errors and exit
     status as the real command, without a process start (about 4.5 CPU s of torch and MLflow imports).

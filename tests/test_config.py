@@ -1,7 +1,6 @@
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -20,7 +19,7 @@ def test_project_params_are_the_papers_headline_configuration():
     from stages.pipeline.train import settings
 
     run = settings(cfg)
-    s, sources = run.values, run.sources
+    s = run.values
     # The paper's head, tau2 and s; tau1 = 1, lr 0.1 and the walk's readings are the measured
     # defaults (docs/method.md).
     assert (s["lr"], s["head"], s["tau1"], s["tau2"], s["scale"]) == (0.1, "cosine", 1.0, 2.0, 10.0)

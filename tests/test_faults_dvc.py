@@ -4,10 +4,9 @@ finishes with results identical to the uninterrupted run, and no run is left RUN
 The kills are placed by `PBR_KILL_AT` (stages/runtime/faults.py): a real SIGKILL, at a chosen instant
 instead of a raced one.
 
-The stages here record to plain files (`MLFLOW_TRACKING_URI=journal:DIR`, stages/runtime/journal.py):
-the same `stage_run` marks a dead stage's run KILLED in either store, and a stage process recording to
-files skips MLflow's imports (about 2.8 of its 5 CPU s; some fifteen processes here, on CI's two
-cores). MLflow's store goes through a real kill in test_methods_dvc (ER under `dvc exp run`)."""
+The stages here record to plain files (conftest's `records_to_files`, some fifteen stage processes):
+the same `stage_run` marks a dead stage's run KILLED in either store. MLflow's store goes through a
+real kill in test_methods_dvc (ER under `dvc exp run`)."""
 
 import json
 import os
@@ -19,12 +18,7 @@ import pytest
 from project import BIN, copy_project, dvc, env, set_params, tree_bytes
 from stages.runtime import journal
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def _records_to_files(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", journal.uri(tmp_path / "journal"))
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("records_to_files")]
 
 
 def _killed_repro(repo, point, *args, group=False):

@@ -87,7 +87,7 @@ def test_er_runs_through_dvc_exp_run_and_resumes_after_sigkill(tmp_path, finishe
 
 
 @pytest.mark.parametrize("name", ACROSS_PROCESSES)
-def test_method_state_crosses_processes_after_sigkill_and_scores(tmp_path, finished, name, monkeypatch):
+def test_method_state_crosses_processes_after_sigkill_and_scores(tmp_path, finished, name, monkeypatch, records_to_files):
     import shutil
 
     from stages.pipeline import evaluate, score
@@ -112,3 +112,7 @@ def test_method_state_crosses_processes_after_sigkill_and_scores(tmp_path, finis
     acc = json.loads((repo / "artifacts/train/accuracy.json").read_text())["class_il"]["matrix"][-1]
     metrics = json.loads((repo / "reports/metrics.json").read_text())
     assert metrics["class_il"]["acc"] == pytest.approx(sum(acc) / len(acc), abs=1e-4)  # the final row's mean
+    # The two `pbr train` processes' records (to plain files: conftest's records_to_files): the killed
+    # one closed by the next, which finished training.
+    runs = {r.info.status: r for r in records_to_files.search_runs(["pbr"])}
+    assert sorted(runs) == ["FINISHED", "KILLED"] and runs["FINISHED"].data.tags["pbr.stage.train"] == "done"

@@ -11,7 +11,8 @@ import fakedata
 from conftest import REAL_CIFAR10, real_cifar10
 from project import BIN, dvc, env, make_project, set_params, tree_bytes
 
-pytestmark = pytest.mark.slow
+# The prepare stage's record is not the subject here (conftest's records_to_files).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("records_to_files")]
 
 
 def _manifest(repo):

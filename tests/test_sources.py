@@ -1,5 +1,4 @@
 import pickle
-import zipfile
 
 import numpy as np
 import pytest

@@ -17,7 +17,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from pbr.methods.base import ALPHA, MAMMOTH, TAU2, WEIGHT_DECAY, Best, ContinualMethod, Setting, positive
+from pbr.methods.base import ALPHA, MAMMOTH, TAU2, WEIGHT_DECAY, Best, ContinualMethod, Setting
 
 
 def sharpened_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
