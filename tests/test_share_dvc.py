@@ -9,10 +9,11 @@ import pytest
 
 from project import commit, copy_project, dvc, run, tree_bytes
 
-pytestmark = pytest.mark.slow
+# What is shared is the data, models, buffers and experiments; the runs' records are not the subject
+# here (conftest's records_to_files).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("records_to_files")]
 
 SHARED = ("data/prepared", "artifacts/train", "artifacts/score")
-
 
 
 def test_push_pull_and_experiments_between_two_clones(tmp_path, finished):
