@@ -16,9 +16,7 @@ import subprocess
 import pytest
 
 from project import BIN, copy_project, dvc, env, set_params, tree_bytes
-from stages.runtime import journal
-
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("records_to_files")]
+pytestmark = pytest.mark.slow
 
 
 def _killed_repro(repo, point, *args, group=False):
@@ -28,32 +26,31 @@ def _killed_repro(repo, point, *args, group=False):
                           start_new_session=True, timeout=600)
 
 
-def _statuses(repo):
-    """The statuses of the runs the stages recorded (the journal beside `repo`)."""
-    c = journal.Reader(repo.parent / "journal")
-    exp = c.get_experiment_by_name("pbr")
-    return sorted(r.info.status for r in c.search_runs([exp.experiment_id])) if exp else []
+def _statuses(records):
+    """The statuses of the runs the stages recorded (conftest's records_to_files)."""
+    exp = records.get_experiment_by_name("pbr")
+    return sorted(r.info.status for r in records.search_runs([exp.experiment_id])) if exp else []
 
 
-def _assert_same_results(repo, finished, statuses):
+def _assert_same_results(repo, finished, records, statuses):
     assert (repo / "reports/metrics.json").read_text() == (finished / "reports/metrics.json").read_text()
     assert tree_bytes(repo / "artifacts/train") == tree_bytes(finished / "artifacts/train")  # models, buffers, states
     assert (repo / "dvc.lock").read_text() == (finished / "dvc.lock").read_text()
     assert "up to date" in dvc(repo, "status").stdout
-    assert _statuses(repo) == statuses  # each killed try closed as KILLED, none left RUNNING
+    assert _statuses(records) == statuses  # each killed try closed as KILLED, none left RUNNING
 
 
-def test_kill_inside_a_task_and_between_tasks_of_train(tmp_path, finished):
+def test_kill_inside_a_task_and_between_tasks_of_train(tmp_path, finished, records_to_files):
     repo = copy_project(finished, tmp_path / "repo")
     shutil.rmtree(repo / "artifacts/train")
-    assert _statuses(repo) == []
+    assert _statuses(records_to_files) == []
 
     r = _killed_repro(repo, "train:task2:epoch0")  # inside task 2 (of 0..4), after its first epoch
     assert r.returncode != 0
     done = sorted(p.name for p in (repo / "artifacts/train").glob("task_*"))
     assert done == ["task_00", "task_01"], done
     assert not (repo / "artifacts/train/accuracy.json").exists()
-    assert _statuses(repo).count("RUNNING") == 1  # as the kill left it
+    assert _statuses(records_to_files).count("RUNNING") == 1  # as the kill left it
 
     # Between tasks, and `dvc repro` itself killed with the stage.
     r = _killed_repro(repo, "train:after_task3", group=True)
@@ -63,10 +60,10 @@ def test_kill_inside_a_task_and_between_tasks_of_train(tmp_path, finished):
 
     r = dvc(repo, "repro")
     assert "resuming after task 4 of 5" in r.stdout + r.stderr
-    _assert_same_results(repo, finished, ["FINISHED", "KILLED", "KILLED"])
+    _assert_same_results(repo, finished, records_to_files, ["FINISHED", "KILLED", "KILLED"])
 
 
-def test_kill_during_prepare(tmp_path, finished):
+def test_kill_during_prepare(tmp_path, finished, records_to_files):
     repo = copy_project(finished, tmp_path / "repo")
     shutil.rmtree(repo / "data/prepared")
     # --force: otherwise DVC restores the output from its run cache and prepare does not run.
@@ -78,10 +75,10 @@ def test_kill_during_prepare(tmp_path, finished):
     dvc(repo, "repro")
     assert tree_bytes(repo / "data/prepared") == tree_bytes(finished / "data/prepared")
     assert not list((repo / "data").glob(".prepared.*"))
-    _assert_same_results(repo, finished, ["FINISHED", "KILLED"])
+    _assert_same_results(repo, finished, records_to_files, ["FINISHED", "KILLED"])
 
 
-def test_kill_during_evaluate(tmp_path, finished):
+def test_kill_during_evaluate(tmp_path, finished, records_to_files):
     repo = copy_project(finished, tmp_path / "repo")
     shutil.rmtree(repo / "reports/eval")
     os.unlink(repo / "reports/metrics.json")
@@ -93,10 +90,10 @@ def test_kill_during_evaluate(tmp_path, finished):
         assert (repo / "reports/eval" / f).read_bytes() == (finished / "reports/eval" / f).read_bytes(), f
     assert json.loads((repo / "reports/metrics.json").read_text()) == json.loads(
         (finished / "reports/metrics.json").read_text())
-    assert _statuses(repo) == ["FINISHED", "KILLED"]
+    assert _statuses(records_to_files) == ["FINISHED", "KILLED"]
 
 
-def test_a_bf16_run_killed_inside_a_task_resumes_to_the_same_bytes(tmp_path, finished, monkeypatch):
+def test_a_bf16_run_killed_inside_a_task_resumes_to_the_same_bytes(tmp_path, finished, records_to_files, monkeypatch):
     """bf16 autocast keeps the exact resume of fp32: every RNG, the optimizer and the buffer are
     restored, and the bf16 kernels are as deterministic on one machine as the fp32 ones. The
     uninterrupted run is the train stage in this process (the bytes `pbr train` writes)."""
@@ -123,7 +120,7 @@ def test_a_bf16_run_killed_inside_a_task_resumes_to_the_same_bytes(tmp_path, fin
     assert tree_bytes(base / "artifacts/train/task_04") != tree_bytes(finished / "artifacts/train/task_04")
 
 
-def test_kill_during_score_resumes_at_the_next_task(tmp_path, finished):
+def test_kill_during_score_resumes_at_the_next_task(tmp_path, finished, records_to_files):
     import pyarrow.parquet as pq
 
     repo = copy_project(finished, tmp_path / "repo")
@@ -138,4 +135,4 @@ def test_kill_during_score_resumes_at_the_next_task(tmp_path, finished):
     assert (repo / "reports/score/by_class.csv").read_bytes() == (finished / "reports/score/by_class.csv").read_bytes()
     assert not list((repo / ".pbr/resume").rglob("score_*.npz"))  # a complete scoring keeps nothing there
     assert "up to date" in dvc(repo, "status").stdout
-    assert _statuses(repo) == ["FINISHED", "KILLED"]
+    assert _statuses(records_to_files) == ["FINISHED", "KILLED"]

@@ -114,5 +114,5 @@ def test_method_state_crosses_processes_after_sigkill_and_scores(tmp_path, finis
     assert metrics["class_il"]["acc"] == pytest.approx(sum(acc) / len(acc), abs=1e-4)  # the final row's mean
     # The two `pbr train` processes' records (to plain files: conftest's records_to_files): the killed
     # one closed by the next, which finished training.
-    runs = {r.info.status: r for r in records_to_files.search_runs(["pbr"])}
-    assert sorted(runs) == ["FINISHED", "KILLED"] and runs["FINISHED"].data.tags["pbr.stage.train"] == "done"
+    killed, done = sorted(records_to_files.search_runs(["pbr"]), key=lambda r: r.info.status, reverse=True)
+    assert (killed.info.status, done.info.status) == ("KILLED", "FINISHED") and done.data.tags["pbr.stage.train"] == "done"
