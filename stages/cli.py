@@ -201,8 +201,20 @@ def sweep(
                f"{tracking.tracking_uri()}", err=True)
     if jobs > 0:
         import subprocess
+        import tempfile
 
-        subprocess.run([sys.executable, "-m", "dvc", "queue", "start", "-j", str(jobs)], check=True)
+        # DVC's queue daemon and its workers inherit the output of the command that starts them and hold
+        # it open until the last run ends: whatever reads this command's output (`pbr sweep | tee`, a
+        # script's captured output) would wait for the whole queue. They get a file instead.
+        with tempfile.TemporaryFile("w+") as said:
+            started = subprocess.run([sys.executable, "-m", "dvc", "queue", "start", "-j", str(jobs)],
+                                     stdin=subprocess.DEVNULL, stdout=said, stderr=subprocess.STDOUT)
+            said.seek(0)
+            lines = [line for line in said.read().splitlines() if line.strip()]
+        if started.returncode != 0:
+            raise UserError(f"dvc queue start -j {jobs} failed: {lines[-1] if lines else started.returncode}; "
+                            "the runs stay queued (dvc queue status), start them with dvc queue start")
+        typer.echo("\n".join(lines + ["follow them with: dvc queue status; then pbr report"]), err=True)
     else:
         typer.echo("run them with: dvc queue start -j 2   (then: dvc queue status; pbr report)", err=True)
 

@@ -32,6 +32,9 @@ def test_two_queue_workers_lose_no_run(tmp_path, pbr_main):
     sweep = [str(BIN / "pbr"), "sweep", "table3", "--seeds", "1", "--only", "data.imbalance_ratio=0.1"]
     r = run([*sweep, "--jobs", "2"], repo)
     assert "2 runs queued, 0 already finished or queued" in r.stderr
+    # The sweep returned once the workers started, not when they finished (its output is not theirs to
+    # hold open): a run takes a minute or more here.
+    assert _finished_in_store(repo) == 0 and "follow them with: dvc queue status" in r.stderr, r.stderr
     assert (repo / "mlflow.db").is_file()  # created before the workers start
     try:
         deadline = time.time() + 900
