@@ -409,7 +409,7 @@ def group_runs(runs: Iterable[RunRecord]) -> tuple[list[Group], list[str]]:
     for r in runs:
         p = r.params
         try:
-            setting, dataset, name = p["data.setting"], p["data.dataset"], p["method.name"]
+            setting, dataset, _ = p["data.setting"], p["data.dataset"], p["method.name"]  # the last: present
             ir = round(float(p["data.imbalance_ratio"]), 6)
             n_tasks = int(p["data.n_tasks"]) if "data.n_tasks" in p else None
             buf = buffer_of(p)
@@ -805,5 +805,5 @@ def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, m
             from stages.runtime.tracking import store_error
 
             rep.warnings.append("not logged to MLflow: " + store_error(
-                uri, e, f"the report's files are on disk; run with --no-log to skip logging"))
+                uri, e, "the report's files are on disk; run with --no-log to skip logging"))
     return rep
