@@ -5,6 +5,7 @@ there; `pbr import DIR` brings them into the project's store, where `pbr report`
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,41 @@ def test_without_raw_data_the_runs_use_the_projects_matching_prepared_data(tmp_p
     assert offline._project_prepared(other) is None
     fakedata.write_cifar(tmp_path / "raw", 10, 4, 2)  # the archive is here: prepare from it, as before
     assert offline._project_prepared(params) is None
+
+    # The offline folder moved, links and all: a run's link into the old place is made again.
+    run = tmp_path / "out/runs/r"
+    run.mkdir(parents=True)
+    offline._link_data(run, tmp_path / "out", params, {}, said.append)
+    shutil.move(tmp_path / "out", tmp_path / "moved")
+    run = tmp_path / "moved/runs/r"
+    assert not (run / "data/prepared").exists() and (run / "data/prepared").is_symlink()
+    offline._link_data(run, tmp_path / "moved", params, {}, said.append)
+    assert (run / "data/prepared/manifest.json").is_file()
+    assert (run / "data/prepared").readlink() == tmp_path / "moved/data" / link.parent.parent.name / "data/prepared"
+
+
+def test_a_bad_store_or_a_data_section_that_fails_starts_no_run(tmp_path, monkeypatch):
+    """Every data section is prepared before the first run starts (a later one failing would leave
+    the earlier runs training with nobody to watch them), and a store the runs cannot record to is
+    the one-line reason."""
+    from pbr.errors import UserError
+    from stages.experiments import offline
+    from stages.experiments.sweep import Run
+    from stages.runtime.config import from_dict
+
+    monkeypatch.chdir(tmp_path)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["data"].update(root=str(tmp_path / "raw"), download=False)  # no archive there
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    # Seed 0's data section is the project's prepared data; seed 1's differs and has nothing to prepare from.
+    (tmp_path / "data/prepared").mkdir(parents=True)
+    (tmp_path / "data/prepared/manifest.json").write_text(json.dumps({"params": from_dict(params).to_dict()["data"]}))
+    runs = [Run("first", {"seed": 0}), Run("second", {"seed": 1, "data.imbalance_ratio": 0.1})]
+    out = tmp_path / "out"
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "team/pbr")
+    with pytest.raises(UserError, match=r"the runs' store could not be made: MLFLOW_EXPERIMENT_NAME 'team/pbr'"):
+        offline.run_all(runs, out, tmp_path / "params.yaml", record="files")
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME")
+    with pytest.raises(UserError, match="pbr prepare failed for the data section"):
+        offline.run_all(runs, out, tmp_path / "params.yaml", jobs=2, record="files", log=lambda _: None)
+    assert list((out / "runs").iterdir()) == []

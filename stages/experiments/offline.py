@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -124,11 +125,18 @@ def _project_prepared(params: dict) -> Path | None:
     return None if raw_present(want["dataset"], from_repo(want["root"])) else local
 
 
+def _drop_dangling(link: Path) -> None:
+    """A link left pointing nowhere (the project's data/prepared removed, the folder moved) is made again."""
+    if link.is_symlink() and not link.exists():
+        link.unlink()
+
+
 def _prepared(out: Path, params: dict, env: dict[str, str], log: Callable[[str], None] = print) -> Path:
     """The prepared data of `params`' data section, built once per distinct section (or the project's
     own, where it matches and there is no raw data: _project_prepared)."""
     key = hashlib.sha256(json.dumps(params["data"], sort_keys=True).encode()).hexdigest()[:12]
     home = out / "data" / key
+    _drop_dangling(home / "data" / "prepared")
     if not (home / "data" / "prepared" / "manifest.json").is_file():
         local = _project_prepared(params)
         if local is not None:
@@ -144,22 +152,48 @@ def _prepared(out: Path, params: dict, env: dict[str, str], log: Callable[[str],
     return home / "data" / "prepared"
 
 
+def _link_data(d: Path, out: Path, params: dict, env: dict[str, str], log: Callable[[str], None] = print) -> None:
+    """The run folder `d`'s data/prepared: a link to its data section's prepared data."""
+    link = d / "data" / "prepared"
+    _drop_dangling(link)
+    if not link.exists():
+        link.parent.mkdir(exist_ok=True)
+        link.symlink_to(_prepared(out, params, env, log))
+
+
 def _start(run, out: Path, base: dict, env: dict[str, str], log: Callable[[str], None] = print
            ) -> subprocess.Popen | None:
     d = out / "runs" / run.name
     d.mkdir(parents=True, exist_ok=True)
     params = _params(base, run.overrides)
     _write(d / "params.yaml", yaml.safe_dump(params, sort_keys=False))
-    link = d / "data" / "prepared"
-    if not link.exists():
-        link.parent.mkdir(exist_ok=True)
-        link.symlink_to(_prepared(out, params, env, log))
+    _link_data(d, out, params, env, log)
     script = f"{sys.executable} -m stages.cli train && {sys.executable} -m stages.cli evaluate"
     # Named in MLflow as the sweep names it (as a queued DVC experiment would be). The child keeps
     # its own copy of the log's descriptor: ours is closed at once (a long sweep opens no pile of files).
+    # Its own process group, so that the sweep can stop the run's stages, not only its shell (_stop).
     with open(d / "run.log", "a") as log:
         return subprocess.Popen(["sh", "-c", script], cwd=d, env={**env, "DVC_EXP_NAME": run.name}, stdout=log,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Interrupt the runs still going (their stages record the run FAILED and exit; the next call
+    resumes them from their finished tasks), and wait for them."""
+    def signal_group(proc: subprocess.Popen, sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    for proc in procs:
+        signal_group(proc, signal.SIGINT)
+    for proc in procs:
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            signal_group(proc, signal.SIGKILL)
+            proc.wait()
 
 
 def _finish(run, out: Path, rc: int, seconds: float) -> dict | None:
@@ -170,6 +204,17 @@ def _finish(run, out: Path, rc: int, seconds: float) -> dict | None:
     m = json.loads(metrics.read_text())
     _write(d / DONE, json.dumps({"seconds": round(seconds, 1), **m}, indent=1))
     return m
+
+
+# A bad store (say an experiment name plain files cannot hold) is the child's one-line UserError.
+_INIT_STORE = """import sys
+from pbr.errors import UserError
+from stages.runtime import tracking
+try:
+    tracking.init_store()
+except UserError as e:
+    sys.exit(" ".join(str(e).split()))
+"""
 
 
 def _order(runs) -> list:
@@ -195,29 +240,38 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
     if store.startswith(journal.SCHEME):
         log(f"recording to plain files in {records}: `pbr import {out}` where MLflow is")
     # The store and its artifact folder are made once, from `out`, before parallel runs open it.
-    subprocess.run([sys.executable, "-c", "from stages.runtime import tracking; tracking.init_store()"], cwd=out,
-                   env=env, check=True)
+    made = subprocess.run([sys.executable, "-c", _INIT_STORE], cwd=out, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    if made.returncode != 0:
+        last = (made.stderr.strip().splitlines() or [f"exit {made.returncode}"])[-1]
+        raise UserError(f"--offline {out}: the runs' store could not be made: {last}")
     todo = _order(r for r in runs if not (out / "runs" / r.name / DONE).is_file())
+    # Every data section is prepared before any run starts: one that fails leaves no run behind.
+    for r in todo:
+        _prepared(out, _params(base, r.overrides), env, log)
     skipped, done, failed = len(runs) - len(todo), 0, []
     live: dict[str, tuple[Any, subprocess.Popen, float]] = {}
-    while todo or live:
-        while todo and len(live) < jobs:
-            r = todo.pop(0)
-            live[r.name] = (r, _start(r, out, base, env, log), time.time())
-            log(f"started {r.name}")
-        time.sleep(1.0)
-        for name, (r, proc, t0) in list(live.items()):
-            if proc.poll() is None:
-                continue
-            del live[name]
-            m = _finish(r, out, proc.returncode, time.time() - t0)
-            if m is None:
-                failed.append(name)
-                log(f"FAILED {name} (exit {proc.returncode}); see {out / 'runs' / name / 'run.log'}")
-            else:
-                done += 1
-                log(f"done {name} in {time.time() - t0:.0f} s: Class-IL {m['class_il']['acc']:.2f}, "
-                    f"Task-IL {m['task_il']['acc']:.2f}")
+    try:
+        while todo or live:
+            while todo and len(live) < jobs:
+                r = todo.pop(0)
+                live[r.name] = (r, _start(r, out, base, env, log), time.time())
+                log(f"started {r.name}")
+            time.sleep(1.0)
+            for name, (r, proc, t0) in list(live.items()):
+                if proc.poll() is None:
+                    continue
+                del live[name]
+                m = _finish(r, out, proc.returncode, time.time() - t0)
+                if m is None:
+                    failed.append(name)
+                    log(f"FAILED {name} (exit {proc.returncode}); see {out / 'runs' / name / 'run.log'}")
+                else:
+                    done += 1
+                    log(f"done {name} in {time.time() - t0:.0f} s: Class-IL {m['class_il']['acc']:.2f}, "
+                        f"Task-IL {m['task_il']['acc']:.2f}")
+    finally:  # Ctrl-C, or an error of the sweep's own: the runs it started stop with it
+        _stop([proc for _, proc, _ in live.values()])
     log(f"{done} runs finished, {skipped} already done, {len(failed)} failed; records in "
         f"{records}: copy {out} to the project and run `pbr import {out}`")
     return done, skipped, failed
