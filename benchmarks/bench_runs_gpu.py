@@ -149,7 +149,7 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict, logs: Path
 
     from stages.experiments.sweep import _merged
 
-    procs = []
+    procs = {}
     t0 = time.time()
     for r in runs:
         d = base / name / r.name
@@ -157,22 +157,28 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict, logs: Path
         (d / "data" / "prepared").symlink_to(base / "data" / "prepared")
         (d / "params.yaml").write_text(yaml.safe_dump(_merged(params, r.overrides), sort_keys=False))
         (logs / name).mkdir(parents=True, exist_ok=True)
-        log = open(logs / name / f"{r.name}.log", "w")
-        procs.append((r, subprocess.Popen([sys.executable, __file__, "--child", str(d)], env=env, stdout=subprocess.PIPE,
-                                          stderr=log, text=True)))
-        log.close()
+        # Its result line to a file of its own: a pipe left unread while other runs are watched could fill.
+        with open(logs / name / f"{r.name}.log", "w") as log, open(d / "result.out", "w") as res:
+            procs[r.name] = (d, subprocess.Popen([sys.executable, __file__, "--child", str(d)], env=env, stdout=res,
+                                                 stderr=log))
     results = {}
-    for r, p in procs:
-        text, _ = p.communicate()
-        try:
-            pack(base / "journal", out)
-        except OSError as e:  # the runs go on; the last archive stays, the next pack tries again
-            print(f"journal.tar.gz not repacked: {e}", flush=True)
-        res = json.loads(text.strip().splitlines()[-1]) if p.returncode == 0 and text.strip() else None
-        if res is None:
-            tail = (logs / name / f"{r.name}.log").read_text().strip().splitlines()[-3:]
-            res = {"failed": f"exit {p.returncode}: " + " | ".join(tail)[-600:]}
-        results[r.name] = res
+    while procs:
+        time.sleep(1.0)
+        ended = [k for k, (_, p) in procs.items() if p.poll() is not None]
+        for k in ended:
+            d, p = procs.pop(k)
+            text = (d / "result.out").read_text().strip()
+            res = json.loads(text.splitlines()[-1]) if p.returncode == 0 and text else None
+            if res is None:
+                tail = (logs / name / f"{k}.log").read_text().strip().splitlines()[-3:]
+                res = {"failed": f"exit {p.returncode}: " + " | ".join(tail)[-600:]}
+            results[k] = res
+        if ended:  # as each run ends, whichever it is: a call cut short keeps every finished run's record
+            try:
+                pack(base / "journal", out)
+            except OSError as e:  # the runs go on; the last archive stays, the next pack tries again
+                print(f"journal.tar.gz not repacked: {e}", flush=True)
+    results = {r.name: results[r.name] for r in runs}
     return {"runs": results, "wall_s": time.time() - t0}
 
 
@@ -197,6 +203,13 @@ def graphs_vs_eager(eager: dict, graphs: dict) -> dict:
     return out
 
 
+def _replace(path: Path, text: str) -> None:
+    """Written whole or not at all: a call killed at its limit mid-write keeps the last complete file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def write(out: Path, result: dict) -> None:
     """runs_gpu.json and runs_gpu.md as they stand (after every phase: a call cut short keeps them)."""
     ran = {k: v.get("runs", {}) for k, v in result["phases"].items()}
@@ -204,7 +217,7 @@ def write(out: Path, result: dict) -> None:
     result["same_seeds"] = {k: {p: ran[p][k].get("class_il") for p in ran if k in ran[p]} for k in both}
     result["same_rows"] = all(ran["mps"][k].get("class_il_rows") == ran["off"][k].get("class_il_rows") for k in both)
     result["graphs_vs_eager"] = graphs_vs_eager(ran.get("mps", {}), ran.get("mps-graphs", {}))
-    (out / "runs_gpu.json").write_text(json.dumps(result, indent=1))
+    _replace(out / "runs_gpu.json", json.dumps(result, indent=1))
     lines = [f"# whole runs, {result['meta']}", "", "| phase | runs at once | MPS | wall s | runs/hour at this budget | "
              "full-protocol runs/hour (scaled, an underestimate) |", "| --- | --- | --- | --- | --- | --- |"]
     for name, res in result["phases"].items():
@@ -223,7 +236,7 @@ def write(out: Path, result: dict) -> None:
                   "| --- | --- | --- | --- | --- | --- |"]
         lines += [f"| {row} | {v['seeds']} | {v['eager']} | {v['graphs']} | {v['mean_diff']:+.2f} | "
                   f"{v['eager_std']:.2f} |" for row, v in g.items()]
-    (out / "runs_gpu.md").write_text("\n".join(lines) + "\n")
+    _replace(out / "runs_gpu.md", "\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 
 
