@@ -201,20 +201,29 @@ def sweep(
                f"{tracking.tracking_uri()}", err=True)
     if jobs > 0:
         import subprocess
-        import tempfile
+        import time
+
+        from stages.runtime.paths import from_repo
 
         # DVC's queue daemon and its workers inherit the output of the command that starts them and hold
         # it open until the last run ends: whatever reads this command's output (`pbr sweep | tee`, a
-        # script's captured output) would wait for the whole queue. They get a file instead.
-        with tempfile.TemporaryFile("w+") as said:
+        # script's captured output) would wait for the whole queue. They get a log file instead, kept
+        # (DVC's own tmp folder, not tracked) for when a worker misbehaves.
+        log = from_repo(".dvc/tmp/pbr-queue.log")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a+") as said:
+            said.write(f"\n$ dvc queue start -j {jobs}   # pbr sweep {name}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            said.flush()
+            start = said.tell()
             started = subprocess.run([sys.executable, "-m", "dvc", "queue", "start", "-j", str(jobs)],
                                      stdin=subprocess.DEVNULL, stdout=said, stderr=subprocess.STDOUT)
-            said.seek(0)
+            said.seek(start)
             lines = [line for line in said.read().splitlines() if line.strip()]
         if started.returncode != 0:
             raise UserError(f"dvc queue start -j {jobs} failed: {lines[-1] if lines else started.returncode}; "
                             "the runs stay queued (dvc queue status), start them with dvc queue start")
-        typer.echo("\n".join(lines + ["follow them with: dvc queue status; then pbr report"]), err=True)
+        typer.echo("\n".join(lines + [f"follow them with: dvc queue status; then pbr report (the queue's own "
+                                        f"output: {log})"]), err=True)
     else:
         typer.echo("run them with: dvc queue start -j 2   (then: dvc queue status; pbr report)", err=True)
 
@@ -222,7 +231,8 @@ def sweep(
 @app.command("import")
 def import_(
     source: str = typer.Argument(..., help="The folder copied back from an offline machine (mlflow.db and "
-                                           "mlartifacts/), a .db file, or any MLflow tracking URI."),
+                                           "mlartifacts/, or journal/: runs recorded to plain files), a .db file, "
+                                           "a journal:FOLDER, or any MLflow tracking URI."),
     tracking_uri: str | None = typer.Option(
         None, "--tracking-uri", help="Store to import into (default: $MLFLOW_TRACKING_URI, else sqlite mlflow.db at the repository root)."),
     experiment: str | None = typer.Option(None, "--experiment", help="Experiment to copy, into the one of the same "

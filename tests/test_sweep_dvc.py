@@ -12,13 +12,16 @@ from project import queue_states as _queue
 pytestmark = [pytest.mark.slow, pytest.mark.longest]
 
 
-def _finished_in_store(repo) -> int:
-    """Runs of the store that every stage has finished (read with sqlite3: no MLflow import)."""
+def _finished_in_store(repo, failed: bool = False) -> int:
+    """Runs of the store that every stage has finished, or with `failed` that a stage ended FAILED
+    (read with sqlite3: no MLflow import)."""
     import sqlite3
 
+    query = ("SELECT count(*) FROM runs WHERE status = 'FAILED'" if failed else
+             "SELECT count(*) FROM tags WHERE key = 'pbr.complete' AND value = 'true'")
     try:
         with sqlite3.connect(f"file:{repo / 'mlflow.db'}?mode=ro", uri=True, timeout=5) as db:
-            return db.execute("SELECT count(*) FROM tags WHERE key = 'pbr.complete' AND value = 'true'").fetchone()[0]
+            return db.execute(query).fetchone()[0]
     except sqlite3.Error:  # written to at this instant, or not yet created
         return 0
 
@@ -36,11 +39,19 @@ def test_two_queue_workers_lose_no_run(tmp_path, pbr_main):
     # hold open): a run takes a minute or more here.
     assert _finished_in_store(repo) == 0 and "follow them with: dvc queue status" in r.stderr, r.stderr
     assert (repo / "mlflow.db").is_file()  # created before the workers start
+    assert "$ dvc queue start -j 2" in (repo / ".dvc/tmp/pbr-queue.log").read_text()
     try:
         deadline = time.time() + 900
         # Each `dvc queue status` costs about 0.7 CPU s on CI's two cores, a look into the store almost
-        # nothing: the queue is asked only once both runs have finished in MLflow.
-        while time.time() < deadline and _finished_in_store(repo) < 2:
+        # nothing: the queue is asked only once both runs have ended in MLflow (or every minute, should
+        # a worker die without a word to the store).
+        asked = time.time()
+        while time.time() < deadline and _finished_in_store(repo) + _finished_in_store(repo, failed=True) < 2:
+            if time.time() - asked > 60:
+                asked = time.time()
+                states = _queue(repo)
+                if len(states) == 2 and all(s in ("Success", "Failed") for _, s in states):
+                    break
             time.sleep(2)
         while time.time() < deadline:
             states = _queue(repo)
