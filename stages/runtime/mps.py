@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -45,13 +46,18 @@ def stop(env: dict[str, str]) -> None:
     try:
         subprocess.run([CONTROL], input="quit\n", env={**os.environ, **env}, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
-        pass  # a daemon that will not quit leaves no output of ours unfinished
+        return  # a daemon that will not quit leaves no output of ours unfinished
+    # `quit` returns before the daemon has gone: give it a moment to take its pipe (and its log writes) away.
+    deadline = time.time() + 10
+    while time.time() < deadline and os.path.exists(os.path.join(env[PIPE], "control")):
+        time.sleep(0.1)
 
 
 @contextmanager
 def daemon() -> Iterator[tuple[dict[str, str] | None, str]]:
     """A control daemon of our own for the block's duration: (the clients' env, why not), quit after."""
-    with tempfile.TemporaryDirectory(prefix="pbr-mps-") as folder:
+    # A daemon still writing its log as the folder goes must not turn a finished sweep into an error.
+    with tempfile.TemporaryDirectory(prefix="pbr-mps-", ignore_cleanup_errors=True) as folder:
         env, why = start(folder)
         try:
             yield env, why
