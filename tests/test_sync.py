@@ -344,6 +344,18 @@ def test_plain_files_are_read_by_import_only(plain, tmp_path):
             call()
 
 
+def test_a_relative_plain_file_record_is_the_repositorys(plain, tmp_path, monkeypatch):
+    """`journal:REL` names the folder the stages record to, the repository's, also from inside a DVC
+    experiment's workspace (a queued run's copy under .dvc/tmp/exps/)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(plain, repo)
+    monkeypatch.chdir((repo / ".dvc/tmp/exps/run-1").mkdir(parents=True) or repo / ".dvc/tmp/exps/run-1")
+    uri = journal.SCHEME + sync.JOURNAL_DIR
+    assert sync.resolve_source(uri).uri == journal.uri((repo / sync.JOURNAL_DIR).resolve())
+    with pytest.raises(UserError, match=f"`pbr import {repo / sync.JOURNAL_DIR}` into an MLflow store"):
+        tracking.refuse_journal(uri)
+
+
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path

@@ -28,6 +28,7 @@ from typing import Callable
 from pbr.errors import UserError
 from stages.experiments.offline import JOURNAL_DIR
 from stages.runtime import journal, tracking
+from stages.runtime.paths import from_repo
 
 ORIGIN_TAG = "pbr.imported_from"      # the source run's id (its own origin when it was imported too)
 VERSION_TAG = "pbr.imported_version"  # the source run's status and end time when it was copied
@@ -97,9 +98,10 @@ def resolve_source(source: str) -> Source:
     recorded to plain files (journal/, where MLflow was not installed), a .db file, or a tracking
     URI. A one-line error when there is none."""
     if source.startswith(journal.SCHEME):
-        if not journal.is_journal(journal.folder_of(source)):
-            raise UserError(f"SOURCE {source}: no runs recorded to plain files there; {FIX}")
-        return _journal(journal.folder_of(source), source)
+        folder = from_repo(journal.folder_of(source))  # a relative one is the repository's, as the stages read it
+        if not journal.is_journal(folder):
+            raise UserError(f"SOURCE {source}: no runs recorded to plain files in {folder}; {FIX}")
+        return _journal(folder, source)
     if "://" in source:
         if source.startswith("sqlite:///"):
             db = Path(source[len("sqlite:///"):].split("?", 1)[0])

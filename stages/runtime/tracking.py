@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pbr.errors import UserError
-from stages.runtime.paths import anchor
+from stages.runtime.paths import anchor, from_repo
 
 EXPERIMENT = "pbr"
 OFFLINE_DIR = "mlflow-offline"  # at the repository root, beside mlflow.db
@@ -198,7 +198,7 @@ def refuse_journal(uri: str) -> None:
     from stages.runtime import journal
 
     if uri.startswith(journal.SCHEME):
-        folder = journal.folder_of(uri)
+        folder = from_repo(journal.folder_of(uri))  # where the stages record it
         raise UserError(f"MLFLOW_TRACKING_URI {uri} holds runs recorded to plain files, which only `pbr import` "
                         f"reads: `pbr import {folder}` into an MLflow store, then use that store (docs/offline.md)")
 
@@ -310,7 +310,7 @@ def recorder():
     uri = recording_uri()
     if uri.startswith(journal.SCHEME):
         # A relative folder is the repository's, as the default store is (queue workers run in copies).
-        return journal.Recorder(anchor() / journal.folder_of(uri), experiment_name())
+        return journal.Recorder(from_repo(journal.folder_of(uri)), experiment_name())
     return _MlflowRecorder(*open_experiment(uri, experiment_name()))
 
 
