@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,22 @@ def test_a_bad_store_or_a_data_section_that_fails_starts_no_run(tmp_path, monkey
     with pytest.raises(UserError, match="pbr prepare failed for the data section"):
         offline.run_all(runs, out, tmp_path / "params.yaml", jobs=2, record="files", log=lambda _: None)
     assert list((out / "runs").iterdir()) == []
+
+
+def test_stopping_a_run_interrupts_its_stage_not_only_its_shell(tmp_path):
+    """What Ctrl-C on the sweep does to a run it started: the stage under the run's shell gets the
+    interrupt (a stage records its run FAILED on it and exits), and nothing is left going."""
+    from stages.experiments import offline
+
+    said = tmp_path / "said"
+    stage = (f"import os, time\ntry:\n    open({str(said)!r}, 'w').write(f'{{os.getpid()}} started')\n    time.sleep(600)\n"
+             f"except KeyboardInterrupt:\n    open({str(said)!r}, 'a').write(' interrupted')\n    raise\n")
+    (tmp_path / "stage.py").write_text(stage)
+    proc = offline._spawn(f"{sys.executable} stage.py && sleep 600", tmp_path, dict(os.environ), tmp_path / "run.log")
+    deadline = time.time() + 60
+    while not (said.is_file() and said.read_text().endswith("started")) and time.time() < deadline:
+        time.sleep(0.05)
+    pid = int(said.read_text().split()[0])
+    offline._stop([proc])
+    assert proc.returncode is not None and said.read_text() == f"{pid} started interrupted"
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"

@@ -169,12 +169,17 @@ def _start(run, out: Path, base: dict, env: dict[str, str], log: Callable[[str],
     _write(d / "params.yaml", yaml.safe_dump(params, sort_keys=False))
     _link_data(d, out, params, env, log)
     script = f"{sys.executable} -m stages.cli train && {sys.executable} -m stages.cli evaluate"
-    # Named in MLflow as the sweep names it (as a queued DVC experiment would be). The child keeps
-    # its own copy of the log's descriptor: ours is closed at once (a long sweep opens no pile of files).
-    # Its own process group, so that the sweep can stop the run's stages, not only its shell (_stop).
-    with open(d / "run.log", "a") as log:
-        return subprocess.Popen(["sh", "-c", script], cwd=d, env={**env, "DVC_EXP_NAME": run.name}, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    # Named in MLflow as the sweep names it (as a queued DVC experiment would be).
+    return _spawn(script, d, {**env, "DVC_EXP_NAME": run.name}, d / "run.log")
+
+
+def _spawn(script: str, cwd: Path, env: dict[str, str], log_file: Path) -> subprocess.Popen:
+    """`sh -c script` in its own process group, so that the sweep can stop the run's stages, not only
+    its shell (_stop). The child keeps its own copy of the log's descriptor: ours is closed at once
+    (a long sweep opens no pile of files)."""
+    with open(log_file, "a") as log:
+        return subprocess.Popen(["sh", "-c", script], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
