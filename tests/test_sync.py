@@ -2,6 +2,7 @@
 an unreachable server's offline store), copied into another, compared field by field."""
 
 import http.server
+import json
 import os
 import shutil
 import socket
@@ -334,6 +335,59 @@ def test_a_stray_or_broken_entry_stops_neither_a_stage_nor_an_import(plain, temp
     (tmp_path / "other" / "x" / "y" / journal.RUN).write_text("{}")
     with pytest.raises(UserError, match="holds no mlflow.db"):
         sync.import_runs(str(tmp_path / "other"), target, "pbr")
+
+
+def test_a_stage_joins_its_own_executions_run_only(tmp_path, monkeypatch):
+    """The stages of one execution share a run; a later execution of the same settings gets its own,
+    also when its first stage is one the earlier execution skipped (DVC had it cached) or the two
+    share no DVC experiment name."""
+    folder = tmp_path / "journal"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", journal.uri(folder))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("seed: 4\n")
+
+    def execution(name, *stages):
+        monkeypatch.setenv("DVC_EXP_NAME", name)
+        for stage in stages:
+            with tracking.stage_run(stage, {"seed": 4}, tmp_path / "params.yaml"):
+                pass
+
+    def runs():
+        return sorted((r.info.run_name, sorted(k.removeprefix("pbr.stage.") for k, v in r.data.tags.items()
+                                               if k.startswith("pbr.stage.") and v == "done"))
+                      for r in journal.Reader(folder).search_runs(["pbr"]))
+
+    execution("kept", "train", "score", "evaluate")  # prepare cached, skipped
+    execution("forced", "prepare", "train", "score", "evaluate")  # dvc exp run -f: every stage
+    assert runs() == [("forced", ["evaluate", "prepare", "score", "train"]), ("kept", ["evaluate", "score", "train"])]
+    # Two at once (a queue's two workers) with the same settings: each stage finds its own execution's run.
+    execution("a", "prepare")
+    execution("b", "prepare")
+    execution("a", "train")
+    execution("b", "train")
+    assert runs()[:2] == [("a", ["prepare", "train"]), ("b", ["prepare", "train"])]
+
+
+def test_the_part_of_a_split_run_the_report_counts_says_where_it_ran(finished, template, tmp_path, pbr_main):
+    """Its server back (or gone) mid-pipeline, a run's evaluate stage recorded to another store than its
+    train stage. That part, the complete one, still says where the run trained and in which number
+    format, so `pbr report` puts it on its machine's row, not on one of unknown device."""
+    import yaml
+
+    project = tmp_path / "project"
+    shutil.copytree(finished, project, symlinks=True)
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["train"].update(device="auto", precision="auto")  # as params.yaml has them: only the run knows
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    trained = json.loads((project / "artifacts/train/run.json").read_text())
+    folder = tmp_path / "offline" / sync.JOURNAL_DIR
+    r = pbr_main("evaluate", cwd=project, env={"MLFLOW_TRACKING_URI": journal.uri(folder)})
+    assert r.returncode == 0, r.stderr
+    target = _store(template, tmp_path / "store")
+    assert sync.import_runs(str(folder.parent), target, "pbr", log=lambda m: None).imported == 1
+    [run] = report.collect_runs(target, "pbr")
+    assert report.device_of(run) == trained["device"] == "cpu"
+    assert report.precision_of(run.params) == trained["settings"]["precision"] == "fp32"
 
 
 def test_plain_files_are_read_by_import_only(plain, tmp_path):

@@ -243,7 +243,8 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
     env = _env(out, root, store)
     records = out / "mlflow.db" if store.startswith("sqlite:") else out / JOURNAL_DIR
     if store.startswith(journal.SCHEME):
-        log(f"recording to plain files in {records}: `pbr import {out}` where MLflow is")
+        log(f"recording to plain files in {records}; on a machine with MLflow, `pbr import {out}` copies the "
+            "runs into its store")
     # The store and its artifact folder are made once, from `out`, before parallel runs open it.
     made = subprocess.run([sys.executable, "-c", _INIT_STORE], cwd=out, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)

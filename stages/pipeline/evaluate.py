@@ -12,6 +12,7 @@ import json
 
 from pbr.errors import UserError
 from pbr.metrics import minority_tasks, scenario_metrics
+from stages.pipeline.run_settings import trained_tags
 from stages.runtime import artifacts, faults, paths, plots
 
 
@@ -105,7 +106,9 @@ def run(cfg, log=print, tracker=None) -> dict:
         for f in sorted(out.iterdir()):
             if f.suffix in (".csv", ".png"):
                 tracker.log_artifact(f, "evaluate")
-        tracker.set_tags({**dvc_lock_hashes(), "pbr.complete": "true"})
+        run_json = paths.TRAIN / "run.json"
+        trained = trained_tags(json.loads(run_json.read_text())) if run_json.is_file() else {}
+        tracker.set_tags({**trained, **dvc_lock_hashes(), "pbr.complete": "true"})
     log(f"Class-IL ACC {result['class_il']['acc']:.2f} BWT {result['class_il']['bwt']:.2f} "
         f"forgetting {result['class_il']['forgetting']:.2f} minority {result['class_il']['minority_acc']:.2f} | "
         f"Task-IL ACC {result['task_il']['acc']:.2f} BWT {result['task_il']['bwt']:.2f}")

@@ -91,3 +91,13 @@ class RunSettings:
     def score_backbone(self) -> bool:
         """Whether the run's method drops the backbone's last feature map too when it scores."""
         return self.method.score_backbone(self.values)
+
+
+def trained_tags(record: dict[str, Any]) -> dict[str, Any]:
+    """The MLflow tags of a trained run, from its run.json: where it ran and every value it resolved.
+    The train stage sets them, and the evaluate stage again: a run split across two stores (its
+    server back mid-pipeline) has them in the part `pbr report` counts, the one holding evaluate."""
+    where = {"pbr.device": record.get("device"), "pbr.gpu_sharing": record.get("gpu_sharing"),
+             "pbr.threads": record.get("threads")}
+    return {**{k: v for k, v in where.items() if v is not None},
+            **RunSettings(record["settings"], record.get("sources", {})).tags()}

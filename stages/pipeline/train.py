@@ -19,7 +19,7 @@ from pathlib import Path
 from pbr.errors import UserError
 from stages.runtime import artifacts, faults, mps, paths, resume, threads
 from stages.runtime.config import Config
-from stages.pipeline.run_settings import RunSettings
+from stages.pipeline.run_settings import RunSettings, trained_tags
 from stages.pipeline.trained import build_method
 
 STATE = "state.pt"
@@ -212,18 +212,15 @@ def _keep_or_start_over(out: Path, fp: str, n_tasks: int, log) -> None:
 
 def _record_run(out: Path, fp: str, s: RunSettings, device, n_threads: int, n_tasks: int, tracker) -> None:
     """run.json and the MLflow tags: the resolved settings, where each came from, the machine."""
-    sharing = mps.sharing(device)
+    # threads and GPU sharing are recorded, not fingerprinted: a run resumed with other threads goes
+    # on (results may differ in the last digits, as any change of thread count does on a CPU).
+    record = {"fingerprint": fp, "settings": s.values, "sources": s.sources, "device": str(device),
+              "gpu_sharing": mps.sharing(device), "threads": n_threads, "n_tasks": n_tasks}
     if tracker is not None:
         from pbr.data.shards import manifest_hash
 
-        tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED), "pbr.device": str(device),
-                          "pbr.gpu_sharing": sharing, "pbr.threads": n_threads, **s.tags()})
-    # threads and GPU sharing are recorded, not fingerprinted: a run resumed with other threads goes
-    # on (results may differ in the last digits, as any change of thread count does on a CPU).
-    artifacts.write_text(out / "run.json", json.dumps({"fingerprint": fp, "settings": s.values, "sources": s.sources,
-                                                       "device": str(device), "gpu_sharing": sharing,
-                                                       "threads": n_threads,
-                                                       "n_tasks": n_tasks}, indent=1))
+        tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED), **trained_tags(record)})
+    artifacts.write_text(out / "run.json", json.dumps(record, indent=1))
     resume.keep(out, "run.json", fp)
 
 

@@ -27,7 +27,7 @@ import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from pbr.errors import UserError
 
@@ -86,9 +86,10 @@ class Recorder:
     def running(self) -> list[tuple[str, dict]]:
         return [(rid, tags) for rid, info, tags in self._runs() if info["status"] == "RUNNING"]
 
-    def latest_finished(self, tag: str, value: str) -> tuple[str, dict] | None:
+    def latest_finished(self, tag: str, value: str, where: Callable[[dict], bool] = lambda tags: True
+                        ) -> tuple[str, dict] | None:
         found = [(info["start_time"], rid, tags) for rid, info, tags in self._runs()
-                 if info["status"] == "FINISHED" and tags.get(tag) == value]
+                 if info["status"] == "FINISHED" and tags.get(tag) == value and where(tags)]
         return max(found)[1:] if found else None
 
     def create(self, tags: dict[str, str]) -> str:

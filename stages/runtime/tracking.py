@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from pbr.errors import UserError
 from stages.runtime.paths import anchor, from_repo
@@ -264,11 +264,12 @@ class _MlflowRecorder:
         found = self.client.search_runs([self.exp_id], filter_string="attributes.status = 'RUNNING'", max_results=1000)
         return [(r.info.run_id, r.data.tags) for r in found]
 
-    def latest_finished(self, tag: str, value: str) -> tuple[str, dict] | None:
+    def latest_finished(self, tag: str, value: str, where: Callable[[dict], bool] = lambda tags: True
+                        ) -> tuple[str, dict] | None:
         found = self.client.search_runs(
             [self.exp_id], filter_string=f"tags.`{tag}` = '{value}' and attributes.status = 'FINISHED'",
-            order_by=["attributes.start_time DESC"], max_results=1)
-        return (found[0].info.run_id, found[0].data.tags) if found else None
+            order_by=["attributes.start_time DESC"], max_results=100)
+        return next(((r.info.run_id, r.data.tags) for r in found if where(r.data.tags)), None)
 
     def create(self, tags: dict[str, str]) -> str:
         return self.client.create_run(self.exp_id, tags=tags).info.run_id
@@ -355,6 +356,14 @@ class StageRun:
             self.rec.log_artifact(self.run_id, Path(path), artifact_path)
 
 
+STAGES = ("prepare", "train", "score", "evaluate")  # dvc.yaml's order
+
+
+def _done_here_or_later(stage: str, tags: dict) -> bool:
+    later = STAGES[STAGES.index(stage):] if stage in STAGES else (stage,)
+    return any(tags.get(f"pbr.stage.{s}") == "done" for s in later)
+
+
 @contextlib.contextmanager
 def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: dict | None = None
               ) -> Iterator[StageRun]:
@@ -365,8 +374,12 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
     # Whenever the run is RUNNING it names this process, so that a kill at any instant leaves a run the
     # next stage marks KILLED, never one RUNNING for good.
     me = {"pbr.pid": str(os.getpid()), "pbr.host": socket.gethostname()}
-    found = rec.latest_finished("pbr.pipeline_key", key)
-    if found is not None and found[1].get(f"pbr.stage.{stage}") != "done":
+    exp_name = os.environ.get("DVC_EXP_NAME", "")
+    # The stages of one execution share its run: a stage joins the latest finished run of its settings
+    # and its execution (DVC's experiment name), unless that has this stage or a later one done: then
+    # it is an earlier execution (`dvc exp run -f`, a cached stage skipped there), which keeps its run.
+    found = rec.latest_finished("pbr.pipeline_key", key, lambda tags: tags.get("dvc.exp_name", "") == exp_name)
+    if found is not None and not _done_here_or_later(stage, found[1]):
         run_id = found[0]
         rec.log(run_id, tags=me)
         rec.set_status(run_id, "RUNNING")
@@ -375,7 +388,7 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
         rec.log(run_id, params=flat_params)
     r = StageRun(rec, run_id)
     r.set_tags({**git, **me, "pbr.stage": stage,
-                "dvc.exp_name": os.environ.get("DVC_EXP_NAME", ""),
+                "dvc.exp_name": exp_name,
                 "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
                 "mlflow.runName": os.environ.get("DVC_EXP_NAME") or f"{flat_params.get('method.name')}-"
                                   f"{flat_params.get('data.dataset')}-{key[:6]}",
