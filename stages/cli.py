@@ -171,7 +171,7 @@ def sweep(
                    f"{100 * sum(r.cost for r in runs) / total:.0f}% of the grid's expected cost", err=True)
     if dry_run:
         typer.echo("\n".join(r.command() for r in runs))
-        typer.echo(f"{len(runs)} runs", err=True)
+        typer.echo(f"{len(runs)} run{'s' * (len(runs) != 1)}", err=True)
         return
     from stages.runtime import mps
 
@@ -197,7 +197,7 @@ def sweep(
 
     # The store is created once, before parallel workers open it.
     queued, skipped = stage.queue(runs, log=lambda m: typer.echo(m, err=True), before=tracking.init_store)
-    typer.echo(f"{name}: {queued} runs queued, {skipped} already finished or queued; MLflow store "
+    typer.echo(f"{name}: {queued} run{'s' * (queued != 1)} queued, {skipped} already finished or queued; MLflow store "
                f"{tracking.tracking_uri()}", err=True)
     if jobs > 0:
         import subprocess

@@ -65,6 +65,10 @@ def test_only_and_set():
     assert all(r.overrides["train.epochs"] == 1 for r in runs)
     # Settings beyond the grid make another experiment name: a quick sweep never shadows a full one.
     assert all(r.name not in {x.name for x in _plan("table3", seeds=2)} for r in runs)
+    # Where a machine finds the raw data is not a setting: the same runs, by the same names.
+    here = _plan("table3", seeds=2, extra={"data.root": "/scratch/me/datasets", "data.download": False})
+    assert [r.name for r in here] == [r.name for r in _plan("table3", seeds=2)]
+    assert here[0].overrides["data.root"] == "/scratch/me/datasets"
     assert "-S 'train.epochs=1'" in runs[0].command()
 
 

@@ -366,6 +366,11 @@ def test_a_stage_joins_its_own_executions_run_only(tmp_path, monkeypatch):
     execution("a", "train")
     execution("b", "train")
     assert runs()[:2] == [("a", ["prepare", "train"]), ("b", ["prepare", "train"])]
+    # Ctrl-C in a stage: its run is KILLED, as one whose process died is marked (FAILED is for errors).
+    monkeypatch.setenv("DVC_EXP_NAME", "stopped")
+    with pytest.raises(KeyboardInterrupt), tracking.stage_run("prepare", {"seed": 4}, tmp_path / "params.yaml"):
+        raise KeyboardInterrupt
+    assert {r.info.run_name: r.info.status for r in journal.Reader(folder).search_runs(["pbr"])}["stopped"] == "KILLED"
 
 
 def test_the_part_of_a_split_run_the_report_counts_says_where_it_ran(finished, template, tmp_path, pbr_main):

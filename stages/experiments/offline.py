@@ -183,7 +183,7 @@ def _spawn(script: str, cwd: Path, env: dict[str, str], log_file: Path) -> subpr
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
-    """Interrupt the runs still going (their stages record the run FAILED and exit; the next call
+    """Interrupt the runs still going (their stages record the run KILLED and exit; the next call
     resumes them from their finished tasks), and wait for them."""
     def signal_group(proc: subprocess.Popen, sig: int) -> None:
         try:
@@ -252,9 +252,10 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
         last = (made.stderr.strip().splitlines() or [f"exit {made.returncode}"])[-1]
         raise UserError(f"--offline {out}: the runs' store could not be made: {last}")
     todo = _order(r for r in runs if not (out / "runs" / r.name / DONE).is_file())
-    # Every data section is prepared before any run starts: one that fails leaves no run behind.
+    # Every data section is prepared before any run starts: one that fails leaves no run behind. The
+    # prepare stage records as part of the first run that needs its data (that run's stages join it).
     for r in todo:
-        _prepared(out, _params(base, r.overrides), env, log)
+        _prepared(out, _params(base, r.overrides), {**env, "DVC_EXP_NAME": r.name}, log)
     skipped, done, failed = len(runs) - len(todo), 0, []
     live: dict[str, tuple[Any, subprocess.Popen, float]] = {}
     try:
@@ -278,6 +279,6 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
                         f"Task-IL {m['task_il']['acc']:.2f}")
     finally:  # Ctrl-C, or an error of the sweep's own: the runs it started stop with it
         _stop([proc for _, proc, _ in live.values()])
-    log(f"{done} runs finished, {skipped} already done, {len(failed)} failed; records in "
+    log(f"{done} run{'s' * (done != 1)} finished, {skipped} already done, {len(failed)} failed; records in "
         f"{records}: copy {out} to the project and run `pbr import {out}`")
     return done, skipped, failed

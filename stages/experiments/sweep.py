@@ -264,6 +264,9 @@ def parse_assignments(items: list[str], option: str, many: bool = False) -> dict
     return out
 
 
+WHERE_DATA_IS = ("data.root", "data.download")
+
+
 def _name(grid: str, o: dict[str, Any], seed: int, extra: dict[str, Any]) -> str:
     """The experiment's name. A paper grid's run is named by its settings only, not by the grid, so
     a run two tables share (table 1's and table 2's CIFAR-100 PBR at buffer 500; table 5's cosine
@@ -283,8 +286,10 @@ def _name(grid: str, o: dict[str, Any], seed: int, extra: dict[str, Any]) -> str
         if buffer is not None:
             parts.append(f"b{buffer}")
         parts += [o["data.setting"][:3], f"ir{o['data.imbalance_ratio']:g}", f"s{seed}"]
-    if extra:  # the same row under other settings is another experiment
-        parts.append(hashlib.sha256(repr(sorted(extra.items())).encode()).hexdigest()[:6])
+    # The same row under other settings is another experiment; where this machine finds the data is not.
+    named = {k: v for k, v in extra.items() if k not in WHERE_DATA_IS}
+    if named:
+        parts.append(hashlib.sha256(repr(sorted(named.items())).encode()).hexdigest()[:6])
     return "-".join(parts)
 
 

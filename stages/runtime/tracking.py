@@ -395,6 +395,9 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
                 **(tags or {})})
     try:
         yield r
+    except KeyboardInterrupt:  # Ctrl-C (or an offline sweep stopping its runs): killed, as a SIGKILL's run is marked
+        rec.set_status(run_id, "KILLED")
+        raise
     except BaseException:
         rec.set_status(run_id, "FAILED")
         raise
