@@ -6,6 +6,7 @@ there; `pbr import DIR` brings them into the project's store, where `pbr report`
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -174,14 +175,19 @@ def test_a_bad_store_or_a_data_section_that_fails_starts_no_run(tmp_path, monkey
 
 def test_stopping_a_run_interrupts_its_stage_not_only_its_shell(tmp_path):
     """What Ctrl-C on the sweep does to a run it started: the stage under the run's shell gets the
-    interrupt (a stage records its run FAILED on it and exits), and nothing is left going."""
+    interrupt (a stage records its run KILLED on it and exits), and nothing is left going; also when
+    the sweep itself ignores SIGINT, as a script's background job does."""
     from stages.experiments import offline
 
     said = tmp_path / "said"
     stage = (f"import os, time\ntry:\n    open({str(said)!r}, 'w').write(f'{{os.getpid()}} started')\n    time.sleep(600)\n"
              f"except KeyboardInterrupt:\n    open({str(said)!r}, 'a').write(' interrupted')\n    raise\n")
     (tmp_path / "stage.py").write_text(stage)
-    proc = offline._spawn(f"{sys.executable} stage.py && sleep 600", tmp_path, dict(os.environ), tmp_path / "run.log")
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc = offline._spawn(f"{sys.executable} stage.py && sleep 600", tmp_path, dict(os.environ), tmp_path / "run.log")
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     deadline = time.time() + 60
     while not (said.is_file() and said.read_text().endswith("started")) and time.time() < deadline:
         time.sleep(0.05)

@@ -179,7 +179,14 @@ def _spawn(script: str, cwd: Path, env: dict[str, str], log_file: Path) -> subpr
     (a long sweep opens no pile of files)."""
     with open(log_file, "a") as log:
         return subprocess.Popen(["sh", "-c", script], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_interruptible)
+
+
+def _interruptible() -> None:
+    """In the run's process, before its shell starts: a sweep started in the background of a script
+    (or a CI job) has SIGINT ignored, which its children would inherit, and then _stop's interrupt
+    would not reach the stage."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
