@@ -664,8 +664,9 @@ def paired_lines(groups: list[Group], metric: str = "acc") -> list[str]:
 
 
 def _tuned_lr_notes(groups: list[Group]) -> list[str]:
-    """Say where a baseline ran at its own tuned lr rather than the paper's single 0.03."""
-    notes = []
+    """Say, in one note, which methods ran at their own tuned lr rather than the paper's single 0.03
+    (those sharing an lr and its source named together)."""
+    tuned_at: dict[tuple[float, str], list[str]] = {}
     for label in sorted({g.method for g in groups}):
         first = next(g for g in groups if g.method == label).runs[0].params
         cls = _method(first.get("method.name", ""))
@@ -679,9 +680,12 @@ def _tuned_lr_notes(groups: list[Group]) -> list[str]:
         if tuned:
             _, source = cls.resolve("lr", "auto", first.get("data.dataset", "cifar10"),
                                     int(first.get("method.buffer_size", "0") or 0))
-            notes.append(f"{label} ran at its tuned lr {lr:g} ({source}); the paper ran every method at "
-                         f"lr {PAPER_LR:g} (row '{label} (lr {PAPER_LR:g})' where run)")
-    return notes
+            tuned_at.setdefault((lr, source), []).append(label)
+    if not tuned_at:
+        return []
+    return [f"the paper ran every method at lr {PAPER_LR:g}; these ran at their tuned lr (row 'NAME (lr "
+            f"{PAPER_LR:g})' where run): " + "; ".join(f"{', '.join(labels)} {lr:g} ({source})"
+                                                   for (lr, source), labels in tuned_at.items())]
 
 
 def _num(x: float | None) -> str:
