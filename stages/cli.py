@@ -133,7 +133,7 @@ def sweep(
                                                       "method.name=pbr, or a fidelity row: --only row=pbr,er-lr0.1 (repeatable)."),
     shard_: str = typer.Option("", "--shard", help="K/N: queue only the K-th of N shards of the grid, balanced by "
                                                     "expected cost (one per machine, or a SLURM array task: "
-                                                    "--shard $((SLURM_ARRAY_TASK_ID+1))/$SLURM_ARRAY_TASK_COUNT)."),
+                                                    "sbatch --array=1-N, then --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the dvc commands; queue nothing."),
     jobs_: str = typer.Option("0", "--jobs", "-j", help="Start this many queue workers after queueing (0: don't); "
                                                         "with --offline, runs at a time (0: 1). auto: on a GPU 8 under "

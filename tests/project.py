@@ -141,11 +141,26 @@ def mlflow_server(tmp: Path, *args: str, extra_env: dict | None = None):
                 if time.time() > deadline or server.poll() is not None:
                     raise AssertionError("mlflow server did not start:\n" + (tmp / "server.log").read_text()[-2000:])
                 time.sleep(0.5)
-        yield uri
+        yield _Server(uri, server)
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=30)
+
+
+class _Server(str):
+    """The server's URI, which can also stop it (a server gone while a stage records to it)."""
+
+    def __new__(cls, uri: str, proc: subprocess.Popen):
+        s = super().__new__(cls, uri)
+        s.proc = proc
+        return s
+
+    def stop(self) -> None:
+        import signal
+
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(timeout=30)
 
 
 def queue_states(repo: Path) -> list[tuple[str, str]]:

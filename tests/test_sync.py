@@ -447,6 +447,18 @@ def fresh_process(monkeypatch):
     monkeypatch.setattr(tracking, "_ANNOUNCED", set())
 
 
+def test_report_and_ui_refuse_an_unreachable_server_at_once(tmp_path, pbr_main, fresh_process):
+    """Where a stage falls back to the offline store, the report and the UI have nothing to fall back
+    to: one line at once, not MLflow's minutes of retries."""
+    server = f"http://127.0.0.1:{_closed_port()}"
+    for cmd in ("report", "ui"):
+        t0 = time.time()
+        r = pbr_main(cmd, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": server})
+        assert r.returncode == 2 and time.time() - t0 < 30, r.stderr
+        assert r.stderr == f"error: MLflow server {server} is unreachable (connection refused): start it, or check " \
+                           "--tracking-uri / MLFLOW_TRACKING_URI\n"
+
+
 def test_an_unreachable_server_records_offline_then_imports(template, tmp_path, monkeypatch, capsys,
                                                             fresh_process):
     repo = tmp_path / "repo"
@@ -509,7 +521,7 @@ def test_a_server_that_refuses_credentials_stays_an_error(tmp_path, monkeypatch,
 
 
 @pytest.mark.slow  # a real `mlflow server` takes 10-20 s to start
-def test_through_a_real_server_both_ways(source, template, tmp_path):
+def test_through_a_real_server_both_ways(source, template, tmp_path, monkeypatch):
     """The usual sync: the copied-back folder into the team's server (`pbr import`, REST batches,
     artifacts uploaded through the server), then from the server into another store (artifacts
     downloaded), every history and file intact."""
@@ -526,6 +538,20 @@ def test_through_a_real_server_both_ways(source, template, tmp_path):
         assert sync.import_runs(server, back, "pbr", log=lambda m: None).imported == 2
         again = sync.import_runs(str(source), server, "pbr", log=lambda m: None)
         assert (again.imported, again.present, again.skipped) == (0, 2, 1)
+
+        # The server gone while a stage records to it: one line once MLflow's own retries give up (none
+        # here), not its traceback and a second round of retries for the run's status.
+        stage = tmp_path / "stage"
+        stage.mkdir()
+        monkeypatch.chdir(stage)
+        (stage / "params.yaml").write_text("seed: 5\n")
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        with pytest.raises(UserError, match=rf"^MLflow server {server} stopped answering during the train stage "
+                                            r"\(connection refused\); what the stage finished is kept: run it again"):
+            with tracking.stage_run("train", {"seed": 5}, stage / "params.yaml") as run:
+                server.stop()
+                run.log_metrics({"train.loss": 1.0})
     src_uri = f"sqlite:///{source / 'mlflow.db'}"
     src = {r.info.run_id: r for r in _source_runs(source)}
     for origin, copy in _by_origin(back).items():  # the origin survives the second hop

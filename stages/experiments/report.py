@@ -354,9 +354,10 @@ def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> lis
     """Finished, complete runs of `experiment`. None when there is no store or no such experiment.
 
     Raises UserError when the store exists but cannot be read."""
-    from stages.runtime.tracking import refuse_journal
+    from stages.runtime.tracking import refuse_journal, refuse_unreachable
 
     refuse_journal(tracking_uri)
+    refuse_unreachable(tracking_uri)
     if tracking_uri.startswith("sqlite:///"):
         db = Path(tracking_uri[len("sqlite:///"):].split("?", 1)[0])
         if not db.is_file():  # do not let MlflowClient create an empty store

@@ -82,9 +82,9 @@ def _connect_error(host: str, port: int, timeout: float) -> str | None:
     return found[0] if found else f"no answer within {timeout + 1.0:g} s"
 
 
-def unreachable(uri: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
+def unreachable(uri: str, timeout: float = CONNECT_TIMEOUT_S, again: bool = False) -> str | None:
     """Why the http(s) server of `uri` (or the proxy that requests would use for it) cannot be
-    reached, None when it can or `uri` names no server; checked once per process."""
+    reached, None when it can or `uri` names no server; checked once per process (`again`: now)."""
     import urllib.parse
     import urllib.request
 
@@ -96,7 +96,7 @@ def unreachable(uri: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
     if proxy and not urllib.request.proxy_bypass(host):
         p = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
         host, port = p.hostname or "", p.port or 80
-    if (host, port) not in _UNREACHABLE:
+    if again or (host, port) not in _UNREACHABLE:
         _UNREACHABLE[host, port] = _connect_error(host, port, timeout)
     return _UNREACHABLE[host, port]
 
@@ -176,8 +176,11 @@ def store_error(uri: str, e: Exception, fix: str) -> str:
     """One line for a store that cannot be opened; a server that refused us says what to set."""
     msg = " ".join(str(e).split())[:160]
     if "401" in msg or "unauthorized" in msg.lower() or "403" in msg or "permission" in msg.lower():
-        fix = ("the server refused these credentials: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
-               "to your account on it")
+        # The server's own words (an HTML page, a cut-off link) say less than who was refused.
+        user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+        who = f"refused the account {user!r}" if user else "asks for an account"
+        return (f"MLflow server {uri} {who}: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to your "
+                "account on it")
     return f"MLflow store {uri} cannot be opened ({type(e).__name__}: {msg}); {fix}"
 
 
@@ -203,9 +206,19 @@ def refuse_journal(uri: str) -> None:
                         f"reads: `pbr import {folder}` into an MLflow store, then use that store (docs/offline.md)")
 
 
+def refuse_unreachable(uri: str) -> None:
+    """A one-line error at once for a server that cannot be reached, where MLflow's client would retry
+    for minutes (report, UI: nothing of theirs can fall back to the offline store)."""
+    why = unreachable(uri)
+    if why is not None:
+        raise UserError(f"MLflow server {uri} is unreachable ({why}): start it, or check --tracking-uri / "
+                        "MLFLOW_TRACKING_URI")
+
+
 def existing_experiment_id(uri: str, name: str) -> str:
     """The id of experiment `name` in the store at `uri`; a one-line error when there is none."""
     refuse_journal(uri)
+    refuse_unreachable(uri)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):].split("?", 1)[0]).is_file():
         raise UserError(f"no MLflow store at {uri}: run a stage first (dvc repro), or set MLFLOW_TRACKING_URI")
     try:
@@ -257,8 +270,8 @@ def open_experiment(uri: str, name: str):
 class _MlflowRecorder:
     """What `stage_run` asks of a store (journal.Recorder answers the same for plain files), from MLflow."""
 
-    def __init__(self, client, exp_id: str) -> None:
-        self.client, self.exp_id = client, exp_id
+    def __init__(self, client, exp_id: str, uri: str = "") -> None:
+        self.client, self.exp_id, self.uri = client, exp_id, uri
 
     def running(self) -> list[tuple[str, dict]]:
         found = self.client.search_runs([self.exp_id], filter_string="attributes.status = 'RUNNING'", max_results=1000)
@@ -312,7 +325,7 @@ def recorder():
     if uri.startswith(journal.SCHEME):
         # A relative folder is the repository's, as the default store is (queue workers run in copies).
         return journal.Recorder(from_repo(journal.folder_of(uri)), experiment_name())
-    return _MlflowRecorder(*open_experiment(uri, experiment_name()))
+    return _MlflowRecorder(*open_experiment(uri, experiment_name()), uri)
 
 
 def init_store() -> str:
@@ -395,12 +408,29 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
                 **(tags or {})})
     try:
         yield r
-    except KeyboardInterrupt:  # Ctrl-C (or an offline sweep stopping its runs): killed, as a SIGKILL's run is marked
-        rec.set_status(run_id, "KILLED")
+    except BaseException as e:
+        _server_gone(rec, stage, e)
+        # Ctrl-C (or an offline sweep stopping its runs): killed, as a dead process's run is marked.
+        rec.set_status(run_id, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
         raise
-    except BaseException:
-        rec.set_status(run_id, "FAILED")
+    try:
+        # FINISHED first: killed before the tags, the stage's next try joins the run again (not "done").
+        rec.set_status(run_id, "FINISHED")
+        r.set_tags({f"pbr.stage.{stage}": "done", "pbr.pid": ""})
+    except Exception as e:
+        _server_gone(rec, stage, e)
         raise
-    # FINISHED first: killed before the tags, the stage's next try joins the run again (not "done").
-    rec.set_status(run_id, "FINISHED")
-    r.set_tags({f"pbr.stage.{stage}": "done", "pbr.pid": ""})
+
+
+def _server_gone(rec, stage: str, e: BaseException) -> None:
+    """A one-line error, instead of MLflow's traceback and a second round of its retries, when the
+    server the stage records to stopped answering after the stage began. The stage's finished work
+    is on disk; its run stays RUNNING there until a stage that reaches the server marks it KILLED."""
+    uri = getattr(rec, "uri", "")
+    if isinstance(e, (KeyboardInterrupt, UserError)) or not _remote(uri):
+        return
+    why = unreachable(uri, again=True)
+    if why is not None:
+        raise UserError(f"MLflow server {uri} stopped answering during the {stage} stage ({why}); what the stage "
+                        "finished is kept: run it again, and while the server is down it records to "
+                        f"{OFFLINE_DIR}/ (docs/offline.md)") from None
