@@ -161,7 +161,7 @@ def test_csv_written_atomically_with_one_row_per_group(env, tmp_path):
                    "buffer_size": "200", "n_runs": "3", "class_il_mean": "53.0000", "class_il_std": "3.6056",
                    "task_il_mean": "90.0000", "task_il_std": "2.0000", "paper_class_il": "51.0000",
                    "paper_task_il": "89.9900", "metric": "acc", "n_tasks": "5", "paper_n_tasks": "5",
-                   "device": "cpu", "precision": "fp32"}
+                   "device": "cpu", "precision": "fp32", "n_seeds": "3"}
     sgd = next(r for r in rows if r["method"] == "SGD")
     assert sgd["buffer_size"] == "" and sgd["n_runs"] == "1" and sgd["class_il_std"] == "0.0000"
     shuffled = next(r for r in rows if r["setting"] == "shuffled")
@@ -351,6 +351,20 @@ def test_pairs_match_seeds_and_average_a_seeds_runs_of_differing_settings():
     assert report.paired_lines(groups) == ["- PBR - ER, buffer 200, Seq-CIFAR-10-LT (5 tasks): "
                                            "Class-IL +2.00, 95% CI [-48.82, +52.82] (higher on 1 of n=2); "
                                            "Task-IL +10.00, 95% CI [+10.00, +10.00] (higher on 2 of n=2)"]
+    # The cell counts seed 1 once, as the pairs do: (30 + 36 + 20) / 3 = 28.67, deviations 1.33, 7.33
+    # and -8.67, std sqrt(130.67 / 2) = 8.08 over n=3 seeds (four runs would give 30.50, n=4).
+    from stages.experiments.report_figures import SEED_OFFSET, table_figure
+
+    pbr = next(g for g in groups if g.method == "PBR")
+    text = report.render_markdown(groups)
+    assert "28.67 ± 8.08 (n=3)" in text and "(n=4)" not in text
+    row = next(r for r in report.csv_rows(groups) if r["method"] == "PBR")
+    assert (row["n_runs"], row["n_seeds"], row["class_il_mean"]) == ("4", "3", "28.6667")
+    (title, gs, paper), = report.figure_tables([g for g in groups if g.buffer_size == 200], "acc")
+    drawn = _drawn(table_figure(title, gs, "acc", paper))["Seq-CIFAR-10-LT (5 tasks): Class-IL"]
+    y = drawn["rows"].index("PBR · 200")
+    assert sorted(x for x, at in drawn["seeds"] if at == y + SEED_OFFSET) == [20, 30, 36]
+    assert (pbr.stats("task_il", "acc")[2], len(pbr.runs)) == (3, 4)
 
 
 def test_t_quantile_matches_the_printed_tables_and_scipy():

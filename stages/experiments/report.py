@@ -1,7 +1,7 @@
 """`pbr report`: the paper's tables from the finished runs in MLflow.
 
 One table per (data.setting, data.imbalance_ratio): methods in rows (with the buffer size as the
-first column), each dataset's Class-IL and Task-IL in columns, every cell "mean ± std (n=runs)"
+first column), each dataset's Class-IL and Task-IL in columns, every cell "mean ± std (n=seeds)"
 over seeds, with the paper's number beside it where the paper has one. Printed as markdown,
 written as CSV (one row per cell group) and optionally as a markdown file.
 
@@ -95,7 +95,8 @@ IGNORED_PARAMS = frozenset({"seed", "data.root", "data.download", "data.shard_mb
                             "train.eval_batch_size"})
 CSV_COLUMNS = ("budget", "setting", "imbalance_ratio", "dataset", "method", "buffer_size", "n_runs",
                "class_il_mean", "class_il_std", "task_il_mean", "task_il_std",
-               "paper_class_il", "paper_task_il", "metric", "n_tasks", "paper_n_tasks", "device", "precision")
+               "paper_class_il", "paper_task_il", "metric", "n_tasks", "paper_n_tasks", "device", "precision",
+               "n_seeds")
 
 
 def _default_uri() -> str:
@@ -173,7 +174,8 @@ class Group:
 
     def by_seed(self, mode: str, metric: str) -> dict[str, float]:
         """`mode.metric` by seed: the mean of a seed's runs where runs of differing settings share
-        the group (the table's mean averages them the same way, with a note)."""
+        the group (a note says so). The cell, the paired lines and the figure all read these, so a
+        seed with two runs counts once everywhere."""
         key = f"{mode}.{metric}"
         if not self.values(mode, metric):
             return {}
@@ -184,8 +186,9 @@ class Group:
         return {s: statistics.fmean(v) for s, v in seeds.items()}
 
     def stats(self, mode: str, metric: str) -> tuple[float, float, int] | None:
-        """(mean, sample std (0 for one run), n) of `mode.metric`, None when no run has it."""
-        v = self.values(mode, metric)
+        """(mean, sample std (0 for one seed), n seeds) of `mode.metric` over the seeds' values, None
+        when no run has it."""
+        v = list(self.by_seed(mode, metric).values())
         if not v:
             return None
         return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0), len(v)
@@ -708,6 +711,7 @@ def csv_rows(groups: list[Group], metric: str = "acc") -> list[dict[str, str]]:
             "n_tasks": "" if g.n_tasks is None else str(g.n_tasks),
             "paper_n_tasks": "" if g.paper_n_tasks() is None else str(g.paper_n_tasks()),
             "device": g.device, "precision": g.precision,
+            "n_seeds": str(len({r.params.get("seed", "") for r in g.runs})),
         })
     return rows
 

@@ -53,7 +53,7 @@ def table_figure(title: str, groups, metric: str = "acc", paper: bool = True):
                 g = by_key.get((method, buf, device, precision, d, n))
                 if g is None:
                     continue
-                v = g.values(mode, metric)
+                v = list(g.by_seed(mode, metric).values())
                 if v:
                     seeds_x += v
                     seeds_y += [y + SEED_OFFSET] * len(v)
