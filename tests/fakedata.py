@@ -91,29 +91,39 @@ def smooth_pixels(seed: int, n: int, size: int = 64) -> np.ndarray:
     return np.clip(base + ramp + np.zeros((1, 1, size, 1)), 0, 255).astype(np.uint8)
 
 
-def _jpeg(img: np.ndarray) -> bytes:
+GREY = 50
+
+
+def _jpeg(img: np.ndarray, grey: bool = False) -> bytes:
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.fromarray(img).save(buf, format="JPEG", quality=95)
+    im = Image.fromarray(img)
+    (im.convert("L") if grey else im).save(buf, format="JPEG", quality=95)
     return buf.getvalue()
 
 
 def write_tinyimagenet(root: Path, train_per_class: int = 3, val_per_class: int = 1, form: str = "folder",
                        n_classes: int = 200) -> Path:
-    """tiny-imagenet-200/ (or its .zip) with wnids.txt, words.txt, train/<wnid>/images, val/."""
+    """tiny-imagenet-200/ (or its .zip) with wnids.txt, words.txt, train/<wnid>/images, val/.
+
+    As in the real set: wnids.txt is not sorted (here: descending, so class c, the c-th line, is the
+    c-th wnid from the end), words.txt lists more ids than the set uses, a few images are greyscale
+    JPEGs (every GREY-th of the training images), and the zip holds entries for its folders."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    wnids = [f"n{10000000 + 7 * c:08d}" for c in range(n_classes)]
+    wnids = sorted((f"n{10000000 + 7 * c:08d}" for c in range(n_classes)), reverse=True)  # line c: class c
     files: dict[str, bytes] = {
-        "wnids.txt": "\n".join(reversed(wnids)).encode() + b"\n",  # real file is not sorted either
-        "words.txt": "".join(f"{w}\tthing {c}, other name\n" for c, w in enumerate(wnids)).encode(),
+        "wnids.txt": "\n".join(wnids).encode() + b"\n",
+        "words.txt": "".join(f"{w}\tthing {c}, other name\n" for c, w in enumerate(wnids)).encode()
+        + b"n00000001\tunused id, not in wnids.txt\n",
     }
     imgs = smooth_pixels(21, n_classes * train_per_class)
     for c, w in enumerate(wnids):
         boxes = []
         for i in range(train_per_class):
-            files[f"train/{w}/images/{w}_{i}.JPEG"] = _jpeg(imgs[c * train_per_class + i])
+            k = c * train_per_class + i
+            files[f"train/{w}/images/{w}_{i}.JPEG"] = _jpeg(imgs[k], grey=k % GREY == GREY - 1)
             boxes.append(f"{w}_{i}.JPEG\t0\t0\t63\t63")
         files[f"train/{w}/{w}_boxes.txt"] = ("\n".join(boxes) + "\n").encode()
     ann = []
@@ -126,6 +136,12 @@ def write_tinyimagenet(root: Path, train_per_class: int = 3, val_per_class: int 
     if form == "zip":
         path = root / "tiny-imagenet-200.zip"
         with zipfile.ZipFile(path, "w") as z:
+            folders = set()
+            for rel in files:
+                parts = f"tiny-imagenet-200/{rel}".split("/")[:-1]
+                folders |= {"/".join(parts[:i]) + "/" for i in range(1, len(parts) + 1)}
+            for d in sorted(folders):
+                z.writestr(d, b"")
             for rel, b in files.items():
                 z.writestr(f"tiny-imagenet-200/{rel}", b)
         return path

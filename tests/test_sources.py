@@ -48,10 +48,19 @@ def test_tinyimagenet_round_trip(tmp_path, form):
     assert ds.train_images.shape == (400, 64, 64, 3) and ds.test_images.shape == (200, 64, 64, 3)
     assert np.bincount(ds.train_labels).tolist() == [2] * 200
     assert np.bincount(ds.test_labels).tolist() == [1] * 200
-    assert ds.class_names[0] == "thing 0"  # sorted wnids; names from words.txt
+    # Class c is wnids.txt's line c (Mammoth's numbering), not the c-th wnid in sorted order (the
+    # fake's file is descending); names from words.txt.
+    wnids = (tmp_path / "tiny-imagenet-200" / "wnids.txt").read_text().split() if form == "folder" else None
+    assert wnids is None or wnids != sorted(wnids)
+    assert ds.class_names[:2] == ["thing 0", "thing 1"] and ds.class_names[-1] == "thing 199"
     # JPEG is lossy: the decoded image is close to the one written, not equal.
-    want = fakedata.smooth_pixels(21, 400)[0].astype(int)
-    assert np.abs(ds.train_images[0].astype(int) - want).mean() < 3
+    want = fakedata.smooth_pixels(21, 400).astype(int)
+    assert np.abs(ds.train_images[0].astype(int) - want[0]).mean() < 3
+    # A greyscale JPEG (as some real ones are) arrives as three equal channels of its luma.
+    grey = ds.train_images[fakedata.GREY - 1].astype(int)
+    assert (grey[..., 0] == grey[..., 1]).all() and (grey[..., 1] == grey[..., 2]).all()
+    luma = want[fakedata.GREY - 1] @ np.array([0.299, 0.587, 0.114])
+    assert np.abs(grey[..., 0] - luma).mean() < 3
 
 
 def test_missing_data_says_where_it_looked(tmp_path):

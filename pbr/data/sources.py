@@ -219,7 +219,10 @@ class _TinyFiles:
 
 def read_tinyimagenet(path: Path) -> RawDataset:
     files = _TinyFiles(path)
-    wnids = sorted(files.read("wnids.txt").decode().split())  # sorted: the ImageFolder convention
+    # Label = the class's line in wnids.txt (not sorted, as ImageFolder would): Mammoth's seq-tinyimg,
+    # whose baselines the paper's TinyImageNet table reports, numbers its classes in that order, and
+    # under `ordered` the label decides a class's size and task.
+    wnids = files.read("wnids.txt").decode().split()
     if len(wnids) != 200 or len(set(wnids)) != 200:
         raise DataError(f"{path}: wnids.txt must list 200 distinct class ids, found {len(set(wnids))}")
     words = {}
