@@ -19,6 +19,7 @@ INVALID = {
     "data.imbalance_ratio": [0, -0.1, 1.5, "0.01", True],
     "data.n_tasks": [0, 3, 2.5, "5"],
     "data.seed": [True, "a", -1],
+    "data.subset": ["lt-cil", "random", 0],
     "data.shard_mb": [0, -1, "big"],
     "method.name": ["nosuch", 1],
     "method.buffer_size": [-5, 2.5, "200"],

@@ -109,6 +109,31 @@ def test_kept_images_are_a_seeded_choice():
     assert any(not np.array_equal(x, y) for x, y in zip(a.train_indices, c.train_indices))
 
 
+def _ldam_reference(targets, counts):
+    """IMBALANCECIFAR100.gen_imbalanced_data of LT-CIL (xialeiliu/Long-Tailed-CIL,
+    src/datasets/data_loader.py; LDAM-DRW's is the same), on numpy's global generator as there."""
+    np.random.seed(0)  # rand_number=0
+    kept = []
+    for the_class, the_img_num in zip(np.unique(targets), counts):
+        idx = np.where(targets == the_class)[0]
+        np.random.shuffle(idx)
+        kept.append(idx[:the_img_num])
+    return kept
+
+
+def test_ldam_subset_keeps_the_images_ltcils_code_keeps_whatever_the_seed():
+    ytr, yte = _labels(10, 500), _labels(10, 10, 1)
+    want = _ldam_reference(ytr, class_counts(500, 10, 0.01))
+    for setting, seed in (("ordered", 1993), ("shuffled", 7)):
+        s = build_stream(ytr, yte, 10, setting, 0.01, 5, seed, subset="ldam")
+        got = np.sort(np.concatenate(s.train_indices))
+        assert np.array_equal(got, np.sort(np.concatenate(want)))
+    # the seeded choice is another subset of the same sizes
+    seeded = build_stream(ytr, yte, 10, "shuffled", 0.01, 5, 7)
+    assert [len(i) for i in seeded.train_indices] == [len(i) for i in s.train_indices]
+    assert not np.array_equal(np.sort(np.concatenate(seeded.train_indices)), got)
+
+
 def test_a_class_left_without_images_is_a_clear_error():
     ytr, yte = _labels(10, 100), _labels(10, 10, 1)
     with pytest.raises(UserError, match=r"leaves class 7 .* no training image .* ratio >= 0.01"):

@@ -582,3 +582,20 @@ def test_runs_recorded_before_the_method_sections_join_todays_rows(tmp_path):
     rows = {g.method: g.stats("class_il", "acc") for g in groups}
     assert rows == {"PBR (tau1 0.1)": (32.0, pytest.approx(2 * math.sqrt(2)), 2),
                     "ER": (22.0, pytest.approx(2 * math.sqrt(2)), 2)}
+
+
+def test_a_run_from_before_data_subset_reads_as_the_seeded_subset_it_used(tmp_path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("pbr", artifact_location=(tmp_path / "a").as_uri())
+    pbr = {"method.name": "pbr", "seed": "0"}
+    _add_run(client, exp, pbr, {"class_il.acc": 40}, "FINISHED", True, 1)  # recorded before the key
+    _add_run(client, exp, {**pbr, "data.subset": "seeded"}, {"class_il.acc": 42}, "FINISHED", True, 2)
+    (g,), _ = report.group_runs(report.collect_runs(uri))
+    # the same settings: a repeat (the newest kept), not two settings averaged
+    assert [r.metrics["class_il.acc"] for r in g.runs] == [42] and not any("differ" in n for n in g.notes)
+    _add_run(client, exp, {**pbr, "seed": "1", "data.subset": "ldam"}, {"class_il.acc": 44}, "FINISHED", True, 3)
+    (g,), _ = report.group_runs(report.collect_runs(uri))
+    assert any("differ in data.subset (ldam, seeded)" in n for n in g.notes)

@@ -50,7 +50,11 @@ def build_stream(
     n_tasks: int,
     seed: int,
     class_names: list[str] | None = None,
+    subset: str = "seeded",
 ) -> Stream:
+    """The stream. `subset` picks which images a class keeps: "seeded", a choice drawn from `seed`;
+    "ldam", LDAM-DRW's and LT-CIL's own rule (the images their code trains on; `seed` then orders
+    the classes only)."""
     available = np.bincount(train_labels, minlength=n_classes)
     # n_max is the balanced per-class count (5000 on CIFAR-10); a short class caps it.
     n_max = int(available.min())
@@ -65,11 +69,21 @@ def build_stream(
     if n_classes % n_tasks:
         raise UserError(f"{n_tasks} tasks do not divide {n_classes} classes")
 
-    rng = np.random.default_rng(seed)
     kept = np.empty(n_classes, dtype=object)
-    for c in range(n_classes):  # per class, not per sample: C iterations
-        idx = np.flatnonzero(train_labels == c)
-        kept[c] = np.sort(rng.choice(idx, size=counts[c], replace=False))
+    if subset == "seeded":
+        rng = np.random.default_rng(seed)
+        for c in range(n_classes):  # per class, not per sample: C iterations
+            kept[c] = np.sort(rng.choice(np.flatnonzero(train_labels == c), size=counts[c], replace=False))
+    elif subset == "ldam":
+        # IMBALANCECIFAR's gen_imbalanced_data: numpy's legacy generator seeded 0 (rand_number), then
+        # per class in label order its indices shuffled in place and the first n kept.
+        legacy = np.random.RandomState(0)
+        for c in range(n_classes):
+            idx = np.flatnonzero(train_labels == c)
+            legacy.shuffle(idx)
+            kept[c] = np.sort(idx[:counts[c]])
+    else:
+        raise ValueError(f"subset must be 'seeded' or 'ldam', not {subset!r}")
 
     order = class_order(n_classes, setting, seed)
     per_task = n_classes // n_tasks

@@ -35,7 +35,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         f"({time.perf_counter() - t0:.1f}s)")
     try:
         stream = build_stream(raw.train_labels, raw.test_labels, raw.n_classes, d.setting, d.imbalance_ratio,
-                              d.n_tasks, d.seed, raw.class_names)
+                              d.n_tasks, d.seed, raw.class_names, d.subset)
     except UserError as e:
         raise UserError(f"data.imbalance_ratio / data.n_tasks: {e}") from None
     with artifacts.atomic_dir(paths.PREPARED) as tmp:

@@ -44,8 +44,11 @@ class DataConfig:
     )
     n_tasks: int = _key(_positive, "a positive integer dividing the number of classes", default=5)
     # Drives the shuffled class order (numpy RandomState permutation, 1993 as in LT-CIL)
-    # and the seeded choice of which images of a class are kept.
+    # and, under subset seeded, the choice of which images of a class are kept.
     seed: int = _key(lambda v: 0 <= v < 2**32, "an integer in [0, 2^32)", default=1993)
+    # Which images a class keeps: seeded (drawn from data.seed) | ldam (LDAM-DRW's and LT-CIL's
+    # code: the exact images they train on).
+    subset: Literal["seeded", "ldam"] = "seeded"
     shard_mb: float = _key(_positive, "a positive number of megabytes per parquet shard", default=64.0)
 
 
