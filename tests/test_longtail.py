@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from conftest import REAL_CIFAR10, real_cifar10
 from pbr.data.longtail import build_stream, class_counts, class_order
 from pbr.errors import UserError
 
@@ -132,6 +133,19 @@ def test_ldam_subset_keeps_the_images_ltcils_code_keeps_whatever_the_seed():
     seeded = build_stream(ytr, yte, 10, "shuffled", 0.01, 5, 7)
     assert [len(i) for i in seeded.train_indices] == [len(i) for i in s.train_indices]
     assert not np.array_equal(np.sort(np.concatenate(seeded.train_indices)), got)
+
+
+@real_cifar10
+def test_ldam_subset_on_the_real_cifar10():
+    from pbr.data.sources import load_raw
+
+    raw = load_raw("cifar10", REAL_CIFAR10.parent)
+    s = build_stream(raw.train_labels, raw.test_labels, 10, "ordered", 0.01, 5, 1993, subset="ldam")
+    want = _ldam_reference(raw.train_labels, s.counts)
+    assert np.array_equal(np.sort(np.concatenate(s.train_indices)), np.sort(np.concatenate(want)))
+    seeded = build_stream(raw.train_labels, raw.test_labels, 10, "ordered", 0.01, 5, 1993)
+    tail = np.intersect1d(seeded.train_indices[4], s.train_indices[4])  # classes 8 and 9: 133 images
+    assert len(tail) < 10  # nearly disjoint at data.seed 1993: the seeded draw is not LT-CIL's subset
 
 
 def test_a_class_left_without_images_is_a_clear_error():
