@@ -58,10 +58,16 @@ def test_er_runs_through_dvc_exp_run_and_resumes_after_sigkill(tmp_path, finishe
     said = r.stdout + r.stderr
     assert r.returncode != 0 and re.search(r"pbr train, exited with (-9|137)\b", said), said[-3000:]
     assert sorted(p.name for p in (repo / "artifacts/train").glob("task_*")) == ["task_00", "task_01", "task_02"]
+    # Again, killed once every task and accuracy.json are written, before DVC commits the stage: the
+    # run must not be lost to the next dvc exp run's checkout of the baseline.
+    r = _exp_run(repo, name, kill_at="train:done")
+    said = r.stdout + r.stderr
+    assert r.returncode != 0 and "pbr train, exited with" in said, said[-3000:]
+    assert "took back the 3 finished task(s)" in said and "resuming after task 3 of 5" in said, said[-3000:]
     r = _exp_run(repo, name)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     said = r.stdout + r.stderr
-    assert "took back the 3 finished task(s)" in said and "resuming after task 3 of 5" in said, said[-3000:]
+    assert "took back the 5 finished task(s)" in said and "trained 0 task(s)" in said, said[-3000:]
     assert all(f"Running stage '{s}'" in said for s in ("train", "score", "evaluate")), said[-3000:]
     assert not any((repo / ".pbr/resume").iterdir())  # a complete run keeps nothing there
 
@@ -72,7 +78,7 @@ def test_er_runs_through_dvc_exp_run_and_resumes_after_sigkill(tmp_path, finishe
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("pbr").experiment_id],
                               filter_string=f"params.`method.name` = '{name}'")
-    assert sorted(x.info.status for x in runs) == ["FINISHED", "KILLED"]  # the killed try, closed
+    assert sorted(x.info.status for x in runs) == ["FINISHED", "KILLED", "KILLED"]  # the killed tries, closed
     [done] = [x for x in runs if x.info.status == "FINISHED"]
     assert done.data.metrics["class_il.acc"] == pytest.approx(
         json.loads((repo / "reports/metrics.json").read_text())["class_il"]["acc"], abs=1e-3)

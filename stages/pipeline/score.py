@@ -174,6 +174,9 @@ def run(cfg, log=print, tracker=None) -> dict:
     import pyarrow.parquet as pq
 
     sc, last = _setup(cfg)
+    # The trained run is complete and, under DVC, committed (this stage depends on it): its resume
+    # store is no longer needed (stages/runtime/resume.py).
+    resume.forget(json.loads((paths.TRAIN / "run.json").read_text())["fingerprint"])
     n_tasks = sc.manifest["n_tasks"]
     fp = _fingerprint(last, sc.T, sc.tau, sc.batch_size, sc.dropout, sc.backbone, cfg.seed, sc.device)
     parts, start = _take_back(fp, n_tasks)
@@ -190,8 +193,9 @@ def run(cfg, log=print, tracker=None) -> dict:
     table = pa.table({k: pa.array(v) for k, v in data.items()})
     with artifacts.atomic_dir(paths.SCORE) as tmp:
         pq.write_table(table, tmp / "scores.parquet")
-    resume.forget(fp)
     summary = _summaries(data, sc.manifest, tracker)
+    # Last, so that only DVC's commit of these small outputs is left unguarded by the store.
+    resume.forget(fp)
     log(f"wrote {paths.SCORE / 'scores.parquet'} ({len(data['label'])} samples): mean MI {summary['score.mean_mi']:.4g}, "
         f"forgotten {100 * summary['score.forgotten_rate']:.1f}% (MI {summary['score.mi_forgotten']:.3g} vs kept "
         f"{summary['score.mi_kept']:.3g})")

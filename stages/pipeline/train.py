@@ -290,10 +290,13 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     # The accuracy matrices; their metrics (ACC, BWT, forgetting) are the evaluate stage's.
     summary = {"class_il": {"matrix": rows["class_il"]}, "task_il": {"matrix": rows["task_il"]}, "settings": s.values}
     artifacts.write_text(out / "accuracy.json", json.dumps(summary, indent=1))
-    resume.forget(fp)
+    # The run's resume store stays: DVC commits artifacts/train only after this process exits, and a
+    # `dvc exp run` killed before that checks other outputs over it. The score stage, which DVC
+    # starts only once this stage is committed, lets it go.
     if tracker is not None:
         tracker.log_artifact(out / "accuracy.json", "train")
     last_c, last_t = rows["class_il"][-1], rows["task_il"][-1]
     log(f"trained {n_tasks - start} task(s) in {time.perf_counter() - t_all:.0f}s: final row mean (ACC) "
         f"Class-IL {sum(last_c) / len(last_c):.2f} | Task-IL {sum(last_t) / len(last_t):.2f}")
+    faults.point("train:done")  # the stage's work done, DVC's commit of it not yet
     return summary

@@ -4,8 +4,10 @@
 replaces artifacts/train, `persist` or not, and with it the tasks a killed run had finished. So the
 train stage also links every finished task into `<repo>/.pbr/resume/<fingerprint>/` (git-ignored,
 not a DVC output; shared by the `dvc queue` workspaces, which live under the same repository), and
-takes them back from there when its output folder holds fewer of them. A run's folder goes when the
-run completes; deleting `.pbr/` at any time loses nothing else. Hard links: no second copy on disk.
+takes them back from there when its output folder holds fewer of them. A trained run's folder goes
+when its scoring starts, not when training ends: DVC commits the train stage's outputs after the
+process exits, and a `dvc exp run` killed in between would otherwise retrain from the first task.
+Deleting `.pbr/` at any time loses nothing else. Hard links: no second copy on disk.
 The score stage keeps each scored task in a store of its own fingerprint the same way (stages/pipeline/score.py).
 """
 
@@ -71,5 +73,5 @@ def restore(out: Path, fp: str, have: int, finished: Callable[[Path], int]) -> i
 
 
 def forget(fp: str) -> None:
-    """The run is complete: its tasks are in its outputs (and DVC's cache) from now on."""
+    """The run's outputs are complete and committed: its tasks live there (and in DVC's cache)."""
     shutil.rmtree(store_for(fp), ignore_errors=True)
