@@ -277,6 +277,10 @@ def main() -> None:
     except UserError as e:
         print("error: " + " ".join(line.strip() for line in str(e).splitlines()), file=sys.stderr)
         sys.exit(2)
+    except FileNotFoundError as e:
+        print(f"error: {e.filename or e} is missing; restore it with `dvc checkout` or rebuild it with `dvc repro`",
+              file=sys.stderr)
+        sys.exit(2)
     except OSError as e:  # unwritable output folder, full disk, ...: name the file, no traceback
         where = f"{e.filename}: " if e.filename else ""
         print(f"error: {where}{e.strerror or e}; check that the location is writable and has space",

@@ -1,6 +1,7 @@
 """Bad input of every kind: one clear line naming the parameter or file and the fix, exit 2, and no
 half-written artifact."""
 
+import shutil
 import subprocess
 import sys
 
@@ -260,3 +261,58 @@ def test_ui_without_a_store_or_its_experiment(tmp_path, pbr_main):
     MlflowClient(f"sqlite:///{tmp_path / 'other.db'}").create_experiment("someone-else")
     _one_line_error(run(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'other.db'}", MLFLOW_EXPERIMENT_NAME="pbr"),
                     "has no experiment 'pbr'", "MLFLOW_EXPERIMENT_NAME")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, prepared):
+    """ER (it keeps a buffer) trained on the small prepared set: the files a damaged run is made of."""
+    import os
+
+    from stages.pipeline import train
+    from stages.runtime.config import load_config
+
+    repo = _copy(prepared, tmp_path_factory.mktemp("trained"), method={"name": "er", "buffer_size": 20})
+    cwd = os.getcwd()
+    os.chdir(repo)
+    try:
+        train.run(load_config(repo / "params.yaml"), log=lambda *_: None)
+    finally:
+        os.chdir(cwd)
+    return repo
+
+
+def _copy_trained(trained, dest):
+    """The trained project as after its scoring began: no resume store (stages/runtime/resume.py)."""
+    shutil.copytree(trained, dest, ignore=shutil.ignore_patterns(".pbr"))
+    return dest
+
+
+@pytest.mark.parametrize("stage,damage,needle", [
+    ("evaluate", "task_01/model.pt", "task_01/model.pt cannot be read (UnpicklingError): it is damaged"),
+    ("score", "task_04/model.pt", "task_04/model.pt cannot be read (UnpicklingError): it is damaged"),
+    ("train", "task_02/state.pt", "task_02/state.pt cannot be read (UnpicklingError): it is damaged"),
+    ("train", "run.json", "run.json cannot be read (JSONDecodeError): it is damaged; delete it to train again"),
+    ("evaluate", "accuracy.json", "accuracy.json cannot be read (JSONDecodeError)"),
+    ("evaluate", "task_03/buffer.parquet", "task_03/buffer.parquet cannot be read (ArrowInvalid)"),
+])
+def test_a_damaged_saved_file_is_one_line_naming_it(tmp_path, trained, pbr, stage, damage, needle):
+    repo = _copy_trained(trained, tmp_path / "repo")
+    path = repo / "artifacts/train" / damage
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 3] if path.suffix == ".json" else b"\xdd" * 64)
+    if stage == "train":  # the damaged task is the one training resumes from
+        for k in (3, 4):
+            shutil.rmtree(repo / f"artifacts/train/task_{k:02d}")
+        (repo / "artifacts/train/accuracy.json").unlink()
+    _one_line_error(pbr(repo, stage), needle, "dvc")
+    assert not _leftovers(repo)
+
+
+def test_a_deleted_buffer_is_missing_for_evaluate_and_trained_again_by_train(tmp_path, trained, pbr):
+    repo = _copy_trained(trained, tmp_path / "repo")
+    (repo / "artifacts/train/task_01/buffer.parquet").unlink()
+    # evaluate said nothing and drew an empty buffer for task 1
+    _one_line_error(pbr(repo, "evaluate"), "task_01/buffer.parquet is missing", "dvc checkout artifacts/train")
+    r = pbr(repo, "train")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resuming after task 1 of 5" in r.stdout + r.stderr
+    assert (repo / "artifacts/train/task_01/buffer.parquet").is_file()

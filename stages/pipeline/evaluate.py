@@ -13,6 +13,7 @@ import json
 from pbr.errors import UserError
 from pbr.metrics import minority_tasks, scenario_metrics
 from stages.pipeline.run_settings import trained_tags
+from stages.pipeline.trained import TASK_FIX
 from stages.runtime import artifacts, faults, paths, plots
 
 
@@ -26,13 +27,14 @@ def _head_norms(model_path, manifest) -> list[float]:
     return method.classifier_norms().tolist()
 
 
-def _buffer_hist(path, n_classes: int) -> list[int]:
-    if not path.is_file():
+def _buffer_hist(path, n_classes: int, has_buffer: bool) -> list[int]:
+    """The buffer's class counts after a task; zeros for a method without a buffer."""
+    if not has_buffer:
         return [0] * n_classes
     import numpy as np
     import pyarrow.parquet as pq
 
-    labels = pq.read_table(path, columns=["label"]).column("label").to_numpy()
+    labels = artifacts.read(path, lambda p: pq.read_table(p, columns=["label"]), TASK_FIX).column("label").to_numpy()
     return np.bincount(labels, minlength=n_classes).tolist()
 
 
@@ -53,7 +55,7 @@ def run(cfg, log=print, tracker=None) -> dict:
     acc_path = paths.TRAIN / "accuracy.json"
     if not acc_path.is_file():
         raise UserError(f"{acc_path} is missing: training has not finished; run `dvc repro train`")
-    summary = json.loads(acc_path.read_text())
+    summary = artifacts.read_json(acc_path, "run `dvc repro train`, or restore it with `dvc checkout artifacts/train`")
     manifest = load_manifest(paths.PREPARED)
     n_tasks, n_classes = manifest["n_tasks"], manifest["n_classes"]
     minority = minority_tasks(manifest["task_train_counts"])
@@ -72,7 +74,8 @@ def run(cfg, log=print, tracker=None) -> dict:
     artifacts.write_csv(out / "accuracy_curve.csv", curve)
 
     norms = [_head_norms(paths.TRAIN / f"task_{k:02d}" / "model.pt", manifest) for k in range(n_tasks)]
-    hist = [_buffer_hist(paths.TRAIN / f"task_{k:02d}" / "buffer.parquet", n_classes) for k in range(n_tasks)]
+    has_buffer = any((paths.TRAIN / f"task_{k:02d}" / "buffer.parquet").is_file() for k in range(n_tasks))
+    hist = [_buffer_hist(paths.TRAIN / f"task_{k:02d}" / "buffer.parquet", n_classes, has_buffer) for k in range(n_tasks)]
     artifacts.write_csv(out / "weight_norms.csv", [
         {"after_task": k, "class": c, "norm": round(v, 6)} for k in range(n_tasks) for c, v in enumerate(norms[k])])
     artifacts.write_csv(out / "weight_norms_final.csv", [
@@ -107,7 +110,7 @@ def run(cfg, log=print, tracker=None) -> dict:
             if f.suffix in (".csv", ".png"):
                 tracker.log_artifact(f, "evaluate")
         run_json = paths.TRAIN / "run.json"
-        trained = trained_tags(json.loads(run_json.read_text())) if run_json.is_file() else {}
+        trained = trained_tags(artifacts.read_json(run_json)) if run_json.is_file() else {}
         tracker.set_tags({**trained, **dvc_lock_hashes(), "pbr.complete": "true"})
     log(f"Class-IL ACC {result['class_il']['acc']:.2f} BWT {result['class_il']['bwt']:.2f} "
         f"forgetting {result['class_il']['forgetting']:.2f} minority {result['class_il']['minority_acc']:.2f} | "

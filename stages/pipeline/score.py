@@ -25,7 +25,7 @@ COLUMNS = ("split", "index", "label", "task", "class_count", "mi", "entropy", "c
 def _fingerprint(last, T, tau, batch_size, dropout, backbone, seed, device) -> str:
     """What a scoring depends on: the trained run (its fingerprint and final weights), the
     scoring's settings and code. A killed scoring with the same fingerprint takes its tasks back."""
-    run = json.loads((paths.TRAIN / "run.json").read_text()).get("fingerprint") if (
+    run = artifacts.read_json(paths.TRAIN / "run.json").get("fingerprint") if (
         paths.TRAIN / "run.json").is_file() else None
     code = hashlib.sha256()
     root = Path(__file__).resolve().parents[2]
@@ -56,9 +56,12 @@ def _take_back(fp: str, n_tasks: int) -> tuple[list[dict], int]:
 
     store, parts = resume.store_for(fp), []
     while len(parts) < n_tasks and (store / f"score_{len(parts):02d}.npz").is_file():
-        with np.load(store / f"score_{len(parts):02d}.npz") as z:
-            part = {c: z[c] for c in COLUMNS}
-            part["_generator"] = torch.from_numpy(z["_generator"])
+        try:
+            with np.load(store / f"score_{len(parts):02d}.npz") as z:
+                part = {c: z[c] for c in COLUMNS}
+                part["_generator"] = torch.from_numpy(z["_generator"])
+        except Exception:  # a damaged kept task: scored again, with those after it
+            break
         parts.append(part)
     for p in parts[:-1]:
         p.pop("_generator")
@@ -176,7 +179,7 @@ def run(cfg, log=print, tracker=None) -> dict:
     sc, last = _setup(cfg)
     # The trained run is complete and, under DVC, committed (this stage depends on it): its resume
     # store is no longer needed (stages/runtime/resume.py).
-    resume.forget(json.loads((paths.TRAIN / "run.json").read_text())["fingerprint"])
+    resume.forget(artifacts.read_json(paths.TRAIN / "run.json").get("fingerprint", ""))
     n_tasks = sc.manifest["n_tasks"]
     fp = _fingerprint(last, sc.T, sc.tau, sc.batch_size, sc.dropout, sc.backbone, cfg.seed, sc.device)
     parts, start = _take_back(fp, n_tasks)

@@ -20,7 +20,7 @@ from pbr.errors import UserError
 from stages.runtime import artifacts, faults, mps, paths, resume, threads
 from stages.runtime.config import Config
 from stages.pipeline.run_settings import RunSettings, trained_tags
-from stages.pipeline.trained import build_method
+from stages.pipeline.trained import TASK_FIX, build_method
 
 STATE = "state.pt"
 
@@ -132,8 +132,13 @@ def _track_task(tracker, k: int, rows: dict, epochs_log: list, epochs: list[int]
 
 
 def _finished_tasks(out: Path, n_tasks: int) -> int:
+    """How many tasks from the first are saved whole: state.pt (written last) and every other file,
+    the buffer's too where the run keeps one (a file deleted by hand trains that task again)."""
+    tasks = [out / f"task_{k:02d}" for k in range(n_tasks)]
+    files = [STATE, "model.pt", "accuracy.json"] + (["buffer.parquet"] if any(
+        (t / "buffer.parquet").is_file() for t in tasks) else [])
     k = 0
-    while k < n_tasks and (out / f"task_{k:02d}" / STATE).is_file():
+    while k < n_tasks and all((tasks[k] / f).is_file() for f in files):
         k += 1
     return k
 
@@ -199,7 +204,8 @@ def _keep_or_start_over(out: Path, fp: str, n_tasks: int, log) -> None:
     """Keep the finished tasks of this very run (taking them back from the resume store where
     `dvc exp run` checked other outputs over them); start over when settings, data or code changed."""
     run_file = out / "run.json"
-    saved_fp = json.loads(run_file.read_text()).get("fingerprint") if run_file.is_file() else None
+    saved_fp = artifacts.read_json(run_file, "delete it to train again from the first task, or restore it with "
+                                   "`dvc checkout artifacts/train`").get("fingerprint") if run_file.is_file() else None
     have = _finished_tasks(out, n_tasks) if saved_fp == fp else 0
     back = resume.restore(out, fp, have, lambda p: _finished_tasks(p, n_tasks))
     if back:
@@ -229,8 +235,11 @@ def _restore(method, out: Path, start: int, device, gen) -> tuple[dict, list]:
     import torch
 
     last = out / f"task_{start - 1:02d}"
-    state = torch.load(last / STATE, map_location=device, weights_only=False)
-    method.load_model_state(torch.load(last / "model.pt", map_location=device, weights_only=False))
+    def load(p):
+        return artifacts.read(p, lambda f: torch.load(f, map_location=device, weights_only=False), TASK_FIX)
+
+    state = load(last / STATE)
+    method.load_model_state(load(last / "model.pt"))
     method.load_state_dict(state["method"])
     # RNG states are CPU byte tensors whatever the device (map_location moved them).
     gen.set_state(state["generator"].cpu())

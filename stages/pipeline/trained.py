@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from stages.runtime import artifacts
+
+# What to do about a missing or damaged file of a saved task (artifacts.read's one line).
+TASK_FIX = ("restore it with `dvc checkout artifacts/train`, or delete its task folder and run `dvc repro` "
+            "(training resumes after the task before it)")
+
 
 def build_method(s, manifest: dict, device, generator, init_generator=None):
     """The method of the run settings `s` (a RunSettings) on a fresh network, for the prepared data of
@@ -39,7 +45,7 @@ def load_method(path: Path, manifest: dict, device, generator):
 
     from stages.pipeline.run_settings import RunSettings
 
-    saved = torch.load(path, map_location=device, weights_only=False)
+    saved = artifacts.read(path, lambda p: torch.load(p, map_location=device, weights_only=False), TASK_FIX)
     method = build_method(RunSettings.saved(saved["settings"]), manifest, device, generator)
     method.load_model_state(saved)
     for net in method.networks():

@@ -23,12 +23,36 @@ def _writable_parent(path: Path) -> None:
 def write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     _writable_parent(path)
+    clean_stale(path)  # a killed writer's temporary file (git would list it, `git add` take it)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path, fix: str | None = None):
+    import json
+
+    return read(path, lambda p: json.loads(p.read_text()), *([fix] if fix else []))
+
+
+def read(path: Path, reader, fix: str = "restore it with `dvc checkout`, or delete it and run `dvc repro`"):
+    """`reader(path)`, a missing or damaged file (cut short, overwritten) as one line naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path} is missing; {fix}")
+    try:
+        return reader(path)
+    except (UserError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:  # unpickling, JSON, parquet and zip readers each fail their own way
+        raise UserError(f"{path} cannot be read ({type(e).__name__}): it is damaged; {fix}") from None
 
 
 def write_text(path: Path, text: str) -> None:

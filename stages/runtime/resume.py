@@ -60,7 +60,10 @@ def restore(out: Path, fp: str, have: int, finished: Callable[[Path], int]) -> i
     of the store and return how many tasks it holds; else leave `out` alone and return 0."""
     store = store_for(fp)
     run = store / "run.json"
-    if not run.is_file() or json.loads(run.read_text()).get("fingerprint") != fp:
+    try:
+        if json.loads(run.read_text()).get("fingerprint") != fp:
+            return 0
+    except (OSError, ValueError):  # none kept, or damaged: the store is a convenience, not a record
         return 0
     kept = finished(store)
     if kept <= have:
@@ -74,4 +77,5 @@ def restore(out: Path, fp: str, have: int, finished: Callable[[Path], int]) -> i
 
 def forget(fp: str) -> None:
     """The run's outputs are complete and committed: its tasks live there (and in DVC's cache)."""
-    shutil.rmtree(store_for(fp), ignore_errors=True)
+    if fp:  # never the whole store
+        shutil.rmtree(store_for(fp), ignore_errors=True)
