@@ -34,7 +34,7 @@ INVALID = {
     "train.channels_last": ["yes"],
     "train.threads": [0, -1, 1.5, "many"],
     "train.compile": ["yes", 1],
-    "model.width": [0, -1, 8.5],
+    "model.width": [0, -1, 8.5, 2**40],
     "model.head": ["mlp"],
     "model.scale": [0, -1],
     "model.dropout": [1.0, -0.1, "x"],
@@ -316,3 +316,24 @@ def test_a_deleted_buffer_is_missing_for_evaluate_and_trained_again_by_train(tmp
     assert r.returncode == 0, r.stderr[-2000:]
     assert "resuming after task 1 of 5" in r.stdout + r.stderr
     assert (repo / "artifacts/train/task_01/buffer.parquet").is_file()
+
+
+def test_a_network_too_big_for_memory_leaves_the_saved_run_alone(tmp_path, trained, pbr, monkeypatch):
+    """Other settings start a run over, which deletes the saved tasks: only once the network is built
+    (it deleted them first, then died allocating a network of width 2**40)."""
+    import yaml
+
+    from stages.pipeline import train
+
+    repo = _copy_trained(trained, tmp_path / "repo")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["model"]["width"] = 1024
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    before = sorted(p.name for p in (repo / "artifacts/train").iterdir())
+
+    def allocate(*_, **__):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:119] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(train, "build_method", allocate)
+    _one_line_error(pbr(repo, "train"), "model.width = 1024: the network does not fit in cpu's memory")
+    assert sorted(p.name for p in (repo / "artifacts/train").iterdir()) == before

@@ -121,6 +121,16 @@ def test_cli_on_bad_yaml_and_missing_file(tmp_path, pbr_main):
     assert r.returncode == 2 and r.stderr.startswith("error: params.yaml: not valid YAML at line")
     r = pbr_main("prepare", "-p", "nope.yaml", cwd=tmp_path)
     assert r.returncode == 2 and "nope.yaml: no such parameters file" in r.stderr
+    # a key given twice took the last value without a word; a Latin-1 comment gave a traceback
+    (tmp_path / "params.yaml").write_text("seed: 0\ndata:\n  n_tasks: 5\nseed: 1\n")
+    r = pbr_main("prepare", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr == "error: params.yaml: the key 'seed' is given twice at line 4; keep one of them\n"
+    (tmp_path / "params.yaml").write_bytes("seed: 0  # café\n".encode("latin-1"))
+    r = pbr_main("prepare", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr == "error: params.yaml: not UTF-8 text (byte 14); save it as UTF-8\n"
+    # the same key in two sections is two keys
+    (tmp_path / "params.yaml").write_text("data:\n  seed: 3\nseed: 1\n")
+    assert load_config(tmp_path / "params.yaml").data.seed == 3
 
 
 def test_help_is_fast_and_imports_no_torch():

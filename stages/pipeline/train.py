@@ -250,6 +250,18 @@ def _restore(method, out: Path, start: int, device, gen) -> tuple[dict, list]:
     return history["rows"], history["epochs"]
 
 
+def _build_or_refuse(s: RunSettings, manifest: dict, device, gen, init_gen):
+    import torch
+
+    try:
+        return build_method(s, manifest, device, gen, init_gen)
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:
+        if not isinstance(e, (torch.OutOfMemoryError, MemoryError)) and "allocate" not in str(e):
+            raise
+        raise UserError(f"model.width = {s['width']}: the network does not fit in {device}'s memory; "
+                        "use a smaller model.width") from None
+
+
 def run(cfg: Config, log=print, tracker=None) -> dict:
     import torch
 
@@ -266,14 +278,15 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     if "hardware" in s.sources:
         log(f"train.precision / train.channels_last auto on {device}: {s.sources['hardware']}")
     fp = fingerprint(s, manifest, device)
-    _keep_or_start_over(out, fp, n_tasks, log)
-    _record_run(out, fp, s, device, n_threads, n_tasks, tracker)
 
     torch.manual_seed(cfg.seed)
     init_gen = torch.Generator().manual_seed(cfg.seed)  # same initial weights on every device
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    # Built before anything saved is touched: a network that does not fit leaves the saved run as it was.
+    method = _build_or_refuse(s, manifest, device, gen, init_gen)
+    _keep_or_start_over(out, fp, n_tasks, log)
+    _record_run(out, fp, s, device, n_threads, n_tasks, tracker)
     train_sets, test_sets = _load_tasks(manifest, device)
-    method = build_method(s, manifest, device, gen, init_gen)
     if s["compile"]:
         # The network's forward (and backward): state_dict keys stay the same; copies (the teacher) run eager.
         method.ctx.cuda_graphs = s["compile"] == "graphs"

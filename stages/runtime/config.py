@@ -138,7 +138,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    width: int = _key(_positive, "a positive integer (64 in the paper)", default=64)
+    width: int = _key(lambda v: 0 < v <= 1024, "a positive integer up to 1024 (64 in the paper)", default=64)
     head: Literal["auto", "cosine", "linear"] = "auto"
     scale: float = _key(_positive, "a positive number (s = 10 in the paper)", default=10.0)
     dropout: float | Auto = _key(lambda v: 0 <= v < 1, "a number in [0, 1) or auto", default="auto")
@@ -306,9 +306,36 @@ def load_config(path: str | Path = "params.yaml") -> Config:
     if not path.is_file():
         raise ConfigError(f"{path}: no such parameters file; run from the project root or pass --params")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader())  # noqa: S506 (a SafeLoader)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or ""
+        if problem.startswith("the key"):
+            raise ConfigError(f"{path}: {problem}{where}; keep one of them") from None
         raise ConfigError(f"{path}: not valid YAML{where}; fix the syntax") from None
     return from_dict(raw, str(path))
+
+
+def _unique_key_loader():
+    """yaml's SafeLoader, except that a key given twice in one section is an error, not the last
+    value silently winning (DVC reads the same file)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return Loader
