@@ -263,6 +263,7 @@ def ui(
 
     uri = tracking_uri or tracking.tracking_uri()
     exp_id = tracking.existing_experiment_id(uri, tracking.experiment_name())
+    tracking.close_dead_runs(uri, exp_id)
     if uri.startswith(("http://", "https://")):
         typer.echo(tracking.ui_link(uri, exp_id))
         return

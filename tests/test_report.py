@@ -2,6 +2,7 @@
 
 import csv
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -599,3 +600,26 @@ def test_a_run_from_before_data_subset_reads_as_the_seeded_subset_it_used(tmp_pa
     _add_run(client, exp, {**pbr, "seed": "1", "data.subset": "ldam"}, {"class_il.acc": 44}, "FINISHED", True, 3)
     (g,), _ = report.group_runs(report.collect_runs(uri))
     assert any("differ in data.subset (ldam, seeded)" in n for n in g.notes)
+
+
+def test_report_marks_killed_what_a_dead_stage_left_running(tmp_path):
+    """A stage marks its host's dead runs KILLED as it starts, but a pipeline DVC restores from its
+    cache starts no stage: a killed prepare's run stayed RUNNING."""
+    import socket
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("pbr", artifact_location=(tmp_path / "a").as_uri())
+    host = socket.gethostname()
+    killed = client.create_run(exp, tags={"pbr.host": host, "pbr.pid": str(dead.pid)}).info.run_id
+    alive = client.create_run(exp, tags={"pbr.host": host, "pbr.pid": str(os.getpid())}).info.run_id
+    elsewhere = client.create_run(exp, tags={"pbr.host": host + "-other", "pbr.pid": str(dead.pid)}).info.run_id
+    report.run(tracking_uri=uri, csv_path=None)
+    status = {r: client.get_run(r).info.status for r in (killed, alive, elsewhere)}
+    assert status == {killed: "KILLED", alive: "RUNNING", elsewhere: "RUNNING"}

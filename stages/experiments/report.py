@@ -374,6 +374,9 @@ def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> lis
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
             return None
+        from stages.runtime.tracking import close_dead_runs
+
+        close_dead_runs(tracking_uri, exp.experiment_id)
         found, token = [], None
         while True:
             page = client.search_runs(

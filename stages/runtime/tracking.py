@@ -346,6 +346,18 @@ def mark_killed(rec) -> list[str]:
     return killed
 
 
+def close_dead_runs(uri: str, exp_id: str) -> None:
+    """mark_killed for `pbr report` and `pbr ui`: a stage does it as it starts, but a pipeline that DVC
+    restores from its cache starts none, which left a killed stage's run RUNNING. Best effort: a store
+    that refuses the write (a read-only account) is left as it is."""
+    try:
+        from mlflow import MlflowClient
+
+        mark_killed(_MlflowRecorder(MlflowClient(tracking_uri=uri), exp_id, uri))
+    except Exception:  # noqa: BLE001 (reading goes on whatever the write does)
+        pass
+
+
 class StageRun:
     """The pipeline execution's run, as seen by one stage."""
 
