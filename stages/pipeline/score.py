@@ -185,7 +185,8 @@ def run(cfg, log=print, tracker=None) -> dict:
     parts, start = _take_back(fp, n_tasks)
     if start:
         sc.gen.set_state(parts[-1].pop("_generator"))
-        log(f"scoring: took back tasks 1-{start} of this scoring from {resume.STORE}; resuming at task {start + 1}")
+        log(f"scoring: took back tasks 1-{start} of this scoring from {resume.STORE}" +
+            (f"; resuming at task {start + 1}" if start < n_tasks else " (all of them)"))
     for k in range(start, n_tasks):
         parts.append(sc.task(k))
         _keep(fp, k, parts[-1], sc.gen.get_state().numpy())
