@@ -172,21 +172,26 @@ def raw(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory, raw):
+def _run_stage_in(repo, stage):
+    """`stage.run` (a module of stages/pipeline) in `repo`, in this process, quietly."""
     import os
 
-    from stages.pipeline import prepare
     from stages.runtime.config import load_config
 
-    repo = _project(tmp_path_factory.mktemp("prepared"), raw)
     cwd = os.getcwd()
     os.chdir(repo)
     try:
-        prepare.run(load_config(repo / "params.yaml"), log=lambda *_: None)
+        stage.run(load_config(repo / "params.yaml"), log=lambda *_: None)
     finally:
         os.chdir(cwd)
     return repo
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, raw):
+    from stages.pipeline import prepare
+
+    return _run_stage_in(_project(tmp_path_factory.mktemp("prepared"), raw), prepare)
 
 
 @pytest.mark.parametrize("damage,needle", [
@@ -266,19 +271,10 @@ def test_ui_without_a_store_or_its_experiment(tmp_path, pbr_main):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, prepared):
     """ER (it keeps a buffer) trained on the small prepared set: the files a damaged run is made of."""
-    import os
-
     from stages.pipeline import train
-    from stages.runtime.config import load_config
 
-    repo = _copy(prepared, tmp_path_factory.mktemp("trained"), method={"name": "er", "buffer_size": 20})
-    cwd = os.getcwd()
-    os.chdir(repo)
-    try:
-        train.run(load_config(repo / "params.yaml"), log=lambda *_: None)
-    finally:
-        os.chdir(cwd)
-    return repo
+    return _run_stage_in(_copy(prepared, tmp_path_factory.mktemp("trained"), method={"name": "er", "buffer_size": 20}),
+                         train)
 
 
 def _copy_trained(trained, dest):
