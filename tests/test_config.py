@@ -128,9 +128,16 @@ def test_cli_on_bad_yaml_and_missing_file(tmp_path, pbr_main):
     (tmp_path / "params.yaml").write_bytes("seed: 0  # café\n".encode("latin-1"))
     r = pbr_main("prepare", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr == "error: params.yaml: not UTF-8 text (byte 14); save it as UTF-8\n"
-    # the same key in two sections is two keys
+    # the same key in two sections is two keys; a merge key's values may be overridden, as in YAML
     (tmp_path / "params.yaml").write_text("data:\n  seed: 3\nseed: 1\n")
     assert load_config(tmp_path / "params.yaml").data.seed == 3
+    (tmp_path / "params.yaml").write_text("train: &t\n  epochs: 2\n  lr: 0.1\nmodel: {width: 8}\n"
+                                          "x-other: &o\n  <<: *t\n  epochs: 3\n")
+    with pytest.raises(ConfigError, match="x-other"):  # the merge itself loads; the unknown section is named
+        load_config(tmp_path / "params.yaml")
+    (tmp_path / "params.yaml").write_text("[a, b]: 1\n")  # an unhashable key: yaml's own error, one line
+    r = pbr_main("prepare", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("error: params.yaml: not valid YAML at line 1")
 
 
 def test_help_is_fast_and_imports_no_torch():

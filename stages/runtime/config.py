@@ -330,7 +330,11 @@ def _unique_key_loader():
     def mapping(loader, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden
+                continue
             key = loader.construct_object(key_node, deep=deep)
+            if not isinstance(key, typing.Hashable):
+                continue  # yaml's own error below names it
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
                                                         key_node.start_mark)
