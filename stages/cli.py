@@ -279,8 +279,8 @@ def main() -> None:
         print("error: " + " ".join(line.strip() for line in str(e).splitlines()), file=sys.stderr)
         sys.exit(2)
     except FileNotFoundError as e:
-        print(f"error: {e.filename or e} is missing; restore it with `dvc checkout` or rebuild it with `dvc repro`",
-              file=sys.stderr)
+        print(f"error: {e.filename or e} is missing; a pipeline file: `dvc checkout` restores it, `dvc repro` "
+              "rebuilds it", file=sys.stderr)
         sys.exit(2)
     except OSError as e:  # unwritable output folder, full disk, ...: name the file, no traceback
         where = f"{e.filename}: " if e.filename else ""

@@ -287,7 +287,7 @@ def _copy_trained(trained, dest):
     ("evaluate", "task_01/model.pt", "task_01/model.pt cannot be read (UnpicklingError): it is damaged"),
     ("score", "task_04/model.pt", "task_04/model.pt cannot be read (UnpicklingError): it is damaged"),
     ("train", "task_02/state.pt", "task_02/state.pt cannot be read (UnpicklingError): it is damaged"),
-    ("train", "run.json", "run.json cannot be read (JSONDecodeError): it is damaged; delete it to train again"),
+    ("train", "run.json", "run.json cannot be read (JSONDecodeError): it is damaged; delete artifacts/train to train again"),
     ("evaluate", "accuracy.json", "accuracy.json cannot be read (JSONDecodeError)"),
     ("evaluate", "task_03/buffer.parquet", "task_03/buffer.parquet cannot be read (ArrowInvalid)"),
 ])
@@ -333,3 +333,17 @@ def test_a_network_too_big_for_memory_leaves_the_saved_run_alone(tmp_path, train
     monkeypatch.setattr(train, "build_method", allocate)
     _one_line_error(pbr(repo, "train"), "model.width = 1024: the network does not fit in cpu's memory")
     assert sorted(p.name for p in (repo / "artifacts/train").iterdir()) == before
+
+
+def test_evaluate_lets_the_trained_runs_resume_store_go_and_tasks_without_run_json_start_over(tmp_path, trained, pbr):
+    """An offline sweep runs train then evaluate, no scoring: the store went nowhere before. And task
+    folders that no run.json vouches for are not adopted by the next run."""
+    repo = tmp_path / "repo"
+    shutil.copytree(trained, repo)
+    assert any((repo / ".pbr/resume").iterdir())
+    assert pbr(repo, "evaluate").returncode == 0
+    assert not any((repo / ".pbr/resume").iterdir())
+    (repo / "artifacts/train/run.json").unlink()
+    r = pbr(repo, "train")
+    assert r.returncode == 0 and "no run.json says which run its files belong to; starting over" in r.stdout
+    assert "trained 5 task(s)" in r.stdout

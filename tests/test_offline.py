@@ -131,6 +131,11 @@ def test_without_raw_data_the_runs_use_the_projects_matching_prepared_data(tmp_p
     assert offline._prepared(tmp_path / "out", params, {}, said.append) == link and len(said) == 1  # said once
     other = {**params, "data": {**params["data"], "imbalance_ratio": 0.1}}
     assert offline._project_prepared(other) is None
+    # prepared before data.subset existed: the seeded subset, so today's default matches, ldam does not
+    (tmp_path / "data/prepared/manifest.json").write_text(json.dumps({"params": {
+        k: v for k, v in made.items() if k != "subset"}}))
+    assert offline._project_prepared(params) == tmp_path / "data/prepared"
+    assert offline._project_prepared({**params, "data": {**params["data"], "subset": "ldam"}}) is None
     fakedata.write_cifar(tmp_path / "raw", 10, 4, 2)  # the archive is here: prepare from it, as before
     assert offline._project_prepared(params) is None
 

@@ -120,7 +120,10 @@ def _project_prepared(params: dict) -> Path | None:
         return None
     want = from_dict(params).to_dict()["data"]
     machine_local = ("root", "download")
-    if any(made.get(k) != v for k, v in want.items() if k not in machine_local):
+    from stages.runtime.config import ADDED_LATER
+
+    before = {k.removeprefix("data."): v for k, v in ADDED_LATER.items() if k.startswith("data.")}
+    if any(made.get(k, before.get(k)) != v for k, v in want.items() if k not in machine_local):
         return None
     return None if raw_present(want["dataset"], from_repo(want["root"])) else local
 

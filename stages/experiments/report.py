@@ -93,8 +93,6 @@ SETTINGS = ("ordered", "shuffled")
 # Params that do not change a run's results: runs differing only in these are not flagged.
 IGNORED_PARAMS = frozenset({"seed", "data.root", "data.download", "data.shard_mb", "train.device",
                             "train.eval_batch_size"})
-# Keys added after runs were recorded, with what a run that lacks one ran with.
-ADDED_KEYS = {"data.subset": "seeded"}
 CSV_COLUMNS = ("budget", "setting", "imbalance_ratio", "dataset", "method", "buffer_size", "n_runs",
                "class_il_mean", "class_il_std", "task_il_mean", "task_il_std",
                "paper_class_il", "paper_task_il", "metric", "n_tasks", "paper_n_tasks", "device", "precision",
@@ -374,6 +372,7 @@ def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> lis
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
             return None
+        from stages.runtime.config import ADDED_LATER
         from stages.runtime.tracking import close_dead_runs
 
         close_dead_runs(tracking_uri, exp.experiment_id)
@@ -391,7 +390,7 @@ def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> lis
         from stages.runtime.tracking import store_error
 
         raise UserError(store_error(tracking_uri, e, "check --tracking-uri / MLFLOW_TRACKING_URI")) from None
-    return [RunRecord(r.info.run_id, pin_auto(respell({**ADDED_KEYS, **r.data.params}), dict(r.data.tags)), dict(r.data.metrics),
+    return [RunRecord(r.info.run_id, pin_auto(respell({**ADDED_LATER, **r.data.params}), dict(r.data.tags)), dict(r.data.metrics),
                       r.info.start_time or 0, dict(r.data.tags))
             for r in found
             if r.info.status == "FINISHED" and r.data.tags.get(COMPLETE_TAG) == "true"]

@@ -14,7 +14,7 @@ from pbr.errors import UserError
 from pbr.metrics import minority_tasks, scenario_metrics
 from stages.pipeline.run_settings import trained_tags
 from stages.pipeline.trained import TASK_FIX
-from stages.runtime import artifacts, faults, paths, plots
+from stages.runtime import artifacts, faults, paths, plots, resume
 
 
 def _head_norms(model_path, manifest) -> list[float]:
@@ -56,6 +56,11 @@ def run(cfg, log=print, tracker=None) -> dict:
     if not acc_path.is_file():
         raise UserError(f"{acc_path} is missing: training has not finished; run `dvc repro train`")
     summary = artifacts.read_json(acc_path, "run `dvc repro train`, or restore it with `dvc checkout artifacts/train`")
+    # As in the score stage: the trained run is complete and committed (offline sweeps and
+    # `dvc repro evaluate` start no scoring), so its resume store goes.
+    run_json = paths.TRAIN / "run.json"
+    if run_json.is_file():
+        resume.forget(artifacts.read_json(run_json).get("fingerprint", ""))
     manifest = load_manifest(paths.PREPARED)
     n_tasks, n_classes = manifest["n_tasks"], manifest["n_classes"]
     minority = minority_tasks(manifest["task_train_counts"])

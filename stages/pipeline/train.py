@@ -204,8 +204,8 @@ def _keep_or_start_over(out: Path, fp: str, n_tasks: int, log) -> None:
     """Keep the finished tasks of this very run (taking them back from the resume store where
     `dvc exp run` checked other outputs over them); start over when settings, data or code changed."""
     run_file = out / "run.json"
-    saved_fp = artifacts.read_json(run_file, "delete it to train again from the first task, or restore it with "
-                                   "`dvc checkout artifacts/train`").get("fingerprint") if run_file.is_file() else None
+    saved_fp = artifacts.read_json(run_file, f"delete {out} to train again from the first task, or restore it "
+                                   "with `dvc checkout artifacts/train`").get("fingerprint") if run_file.is_file() else None
     have = _finished_tasks(out, n_tasks) if saved_fp == fp else 0
     back = resume.restore(out, fp, have, lambda p: _finished_tasks(p, n_tasks))
     if back:
@@ -213,6 +213,9 @@ def _keep_or_start_over(out: Path, fp: str, n_tasks: int, log) -> None:
             "checks out other outputs over them)")
     elif saved_fp is not None and saved_fp != fp:
         log(f"{out}: settings, data or code changed since the saved tasks; starting over")
+        shutil.rmtree(out)
+    elif saved_fp is None and out.is_dir() and any(out.iterdir()):
+        log(f"{out}: no run.json says which run its files belong to; starting over")
         shutil.rmtree(out)
 
 
@@ -258,8 +261,9 @@ def _build_or_refuse(s: RunSettings, manifest: dict, device, gen, init_gen):
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:
         if not isinstance(e, (torch.OutOfMemoryError, MemoryError)) and "allocate" not in str(e):
             raise
+        busy = " (or wait for the other processes on it)" if device.type == "cuda" else ""
         raise UserError(f"model.width = {s['width']}: the network does not fit in {device}'s memory; "
-                        "use a smaller model.width") from None
+                        f"use a smaller model.width{busy}") from None
 
 
 def run(cfg: Config, log=print, tracker=None) -> dict:
@@ -313,8 +317,8 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     summary = {"class_il": {"matrix": rows["class_il"]}, "task_il": {"matrix": rows["task_il"]}, "settings": s.values}
     artifacts.write_text(out / "accuracy.json", json.dumps(summary, indent=1))
     # The run's resume store stays: DVC commits artifacts/train only after this process exits, and a
-    # `dvc exp run` killed before that checks other outputs over it. The score stage, which DVC
-    # starts only once this stage is committed, lets it go.
+    # `dvc exp run` killed before that checks other outputs over it. The score and evaluate stages,
+    # which DVC starts only once this stage is committed, let it go.
     if tracker is not None:
         tracker.log_artifact(out / "accuracy.json", "train")
     last_c, last_t = rows["class_il"][-1], rows["task_il"][-1]

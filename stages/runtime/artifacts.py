@@ -36,10 +36,23 @@ def write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def read_json(path: Path, fix: str | None = None):
+def read_json(path: Path, fix: str | None = None) -> dict:
+    """A JSON object (run.json, accuracy.json), read as `read` reads."""
     import json
 
-    return read(path, lambda p: json.loads(p.read_text()), *([fix] if fix else []))
+    def obj(p: Path) -> dict:
+        value = json.loads(p.read_text())
+        if not isinstance(value, dict):
+            raise ValueError("not a JSON object")
+        return value
+
+    return read(path, obj, *([fix] if fix else []))
+
+
+def _not_the_file(e: BaseException) -> bool:
+    """Errors of the machine, not of the file's bytes: no memory (a GPU others fill), no permission."""
+    return (isinstance(e, (MemoryError, PermissionError)) or type(e).__name__ == "OutOfMemoryError"
+            or "CUDA" in str(e) or "out of memory" in str(e))
 
 
 def read(path: Path, reader, fix: str = "restore it with `dvc checkout`, or delete it and run `dvc repro`"):
@@ -49,9 +62,11 @@ def read(path: Path, reader, fix: str = "restore it with `dvc checkout`, or dele
         raise UserError(f"{path} is missing; {fix}")
     try:
         return reader(path)
-    except (UserError, KeyboardInterrupt, MemoryError):
+    except UserError:
         raise
     except Exception as e:  # unpickling, JSON, parquet and zip readers each fail their own way
+        if _not_the_file(e):
+            raise
         raise UserError(f"{path} cannot be read ({type(e).__name__}): it is damaged; {fix}") from None
 
 
@@ -71,11 +86,25 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def clean_stale(path: Path) -> None:
-    """Remove what an interrupted atomic_dir left beside `path`."""
+    """Remove what an interrupted write left beside `path` (`.NAME.tmp-PID`, `.NAME.old-PID`), not what
+    a live process is writing there (two queue workers can write one file of the shared resume store)."""
     path = Path(path)
     if path.parent.is_dir():
         for p in path.parent.glob(f".{path.name}.*-*"):
+            pid = p.name.rsplit("-", 1)[1]
+            if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+                continue
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 @contextlib.contextmanager

@@ -52,6 +52,11 @@ class DataConfig:
     shard_mb: float = _key(_positive, "a positive number of megabytes per parquet shard", default=64.0)
 
 
+# Keys added after runs and prepared data were recorded, with what one that lacks the key ran with
+# (the report reads old runs, an offline sweep old prepared data, with these).
+ADDED_LATER = {"data.subset": "seeded"}
+
+
 def _non_negative(v) -> bool:
     return v >= 0
 
