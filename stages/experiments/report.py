@@ -517,7 +517,7 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
 
     what = {"acc": "final average accuracy", "bwt": "backward transfer",
             "forgetting": "forgetting"}[metric]
-    out = [f"# {metric.upper()} (%, {what}): mean ± std over seeds (n = runs)"]
+    out = [f"# {metric.upper()} (%, {what}): mean ± std over seeds (n = seeds; a seed with several runs counts once, their mean)"]
     if metric == "acc":
         out.append("[paper X] is the published number (mean of 5 runs); "
                    "[paper X, N tasks] where the paper used another number of tasks.")
