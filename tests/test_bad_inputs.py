@@ -344,6 +344,11 @@ def test_evaluate_lets_the_trained_runs_resume_store_go_and_tasks_without_run_js
     assert pbr(repo, "evaluate").returncode == 0
     assert not any((repo / ".pbr/resume").iterdir())
     (repo / "artifacts/train/run.json").unlink()
+    # and what a killed prepare left beside its output (DVC restored that stage from its cache)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    shutil.copytree(repo / "data/prepared", repo / f"data/.prepared.tmp-{dead.pid}")
     r = pbr(repo, "train")
     assert r.returncode == 0 and "no run.json says which run its files belong to; starting over" in r.stdout
     assert "trained 5 task(s)" in r.stdout
+    assert sorted(p.name for p in (repo / "data").iterdir()) == ["prepared"]

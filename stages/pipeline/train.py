@@ -273,6 +273,8 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     from pbr.loop import train_tasks
 
     manifest = load_manifest(paths.PREPARED)
+    # What a killed prepare left (tens of MB): DVC may restore that stage from its cache and never run it again.
+    artifacts.clean_stale(paths.PREPARED)
     n_tasks = manifest["n_tasks"]
     device = resolve_device(cfg.train.device)
     n_threads = threads.configure(cfg.train.threads)
