@@ -13,8 +13,8 @@ import json
 from pbr.errors import UserError
 from pbr.metrics import minority_tasks, scenario_metrics
 from stages.pipeline.run_settings import trained_tags
-from stages.pipeline.trained import TASK_FIX
-from stages.runtime import artifacts, faults, paths, plots, resume
+from stages.pipeline.trained import TASK_FIX, keeps_buffer, let_the_resume_store_go
+from stages.runtime import artifacts, faults, paths, plots
 
 
 def _head_norms(model_path, manifest) -> list[float]:
@@ -56,11 +56,7 @@ def run(cfg, log=print, tracker=None) -> dict:
     if not acc_path.is_file():
         raise UserError(f"{acc_path} is missing: training has not finished; run `dvc repro train`")
     summary = artifacts.read_json(acc_path, "run `dvc repro train`, or restore it with `dvc checkout artifacts/train`")
-    # As in the score stage: the trained run is complete and committed (offline sweeps and
-    # `dvc repro evaluate` start no scoring), so its resume store goes.
-    run_json = paths.TRAIN / "run.json"
-    if run_json.is_file():
-        resume.forget(artifacts.read_json(run_json).get("fingerprint", ""))
+    let_the_resume_store_go()  # here too: offline sweeps and `dvc repro evaluate` start no scoring
     manifest = load_manifest(paths.PREPARED)
     n_tasks, n_classes = manifest["n_tasks"], manifest["n_classes"]
     minority = minority_tasks(manifest["task_train_counts"])
@@ -79,8 +75,9 @@ def run(cfg, log=print, tracker=None) -> dict:
     artifacts.write_csv(out / "accuracy_curve.csv", curve)
 
     norms = [_head_norms(paths.TRAIN / f"task_{k:02d}" / "model.pt", manifest) for k in range(n_tasks)]
-    has_buffer = any((paths.TRAIN / f"task_{k:02d}" / "buffer.parquet").is_file() for k in range(n_tasks))
-    hist = [_buffer_hist(paths.TRAIN / f"task_{k:02d}" / "buffer.parquet", n_classes, has_buffer) for k in range(n_tasks)]
+    tasks = [paths.TRAIN / f"task_{k:02d}" for k in range(n_tasks)]
+    buffered = keeps_buffer(tasks)
+    hist = [_buffer_hist(t / "buffer.parquet", n_classes, buffered) for t in tasks]
     artifacts.write_csv(out / "weight_norms.csv", [
         {"after_task": k, "class": c, "norm": round(v, 6)} for k in range(n_tasks) for c, v in enumerate(norms[k])])
     artifacts.write_csv(out / "weight_norms_final.csv", [

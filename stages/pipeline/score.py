@@ -176,10 +176,10 @@ def run(cfg, log=print, tracker=None) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from stages.pipeline.trained import let_the_resume_store_go
+
     sc, last = _setup(cfg)
-    # The trained run is complete and, under DVC, committed (this stage depends on it): its resume
-    # store is no longer needed (stages/runtime/resume.py).
-    resume.forget(artifacts.read_json(paths.TRAIN / "run.json").get("fingerprint", ""))
+    let_the_resume_store_go()
     n_tasks = sc.manifest["n_tasks"]
     fp = _fingerprint(last, sc.T, sc.tau, sc.batch_size, sc.dropout, sc.backbone, cfg.seed, sc.device)
     parts, start = _take_back(fp, n_tasks)

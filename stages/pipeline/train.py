@@ -20,7 +20,7 @@ from pbr.errors import UserError
 from stages.runtime import artifacts, faults, mps, paths, resume, threads
 from stages.runtime.config import Config
 from stages.pipeline.run_settings import RunSettings, trained_tags
-from stages.pipeline.trained import TASK_FIX, build_method
+from stages.pipeline.trained import TASK_FIX, build_method, keeps_buffer
 
 STATE = "state.pt"
 
@@ -135,8 +135,7 @@ def _finished_tasks(out: Path, n_tasks: int) -> int:
     """How many tasks from the first are saved whole: state.pt (written last) and every other file,
     the buffer's too where the run keeps one (a file deleted by hand trains that task again)."""
     tasks = [out / f"task_{k:02d}" for k in range(n_tasks)]
-    files = [STATE, "model.pt", "accuracy.json"] + (["buffer.parquet"] if any(
-        (t / "buffer.parquet").is_file() for t in tasks) else [])
+    files = [STATE, "model.pt", "accuracy.json"] + (["buffer.parquet"] if keeps_buffer(tasks) else [])
     k = 0
     while k < n_tasks and all((tasks[k] / f).is_file() for f in files):
         k += 1

@@ -16,6 +16,23 @@ TASK_FIX = ("restore it with `dvc checkout artifacts/train`, or delete its task 
             "(training resumes after the task before it)")
 
 
+def keeps_buffer(tasks: list[Path]) -> bool:
+    """Whether the run saves a buffer.parquet with each task (a run saves it with every task or none),
+    so that one missing is a lost file, not a method without a buffer."""
+    return any((t / "buffer.parquet").is_file() for t in tasks)
+
+
+def let_the_resume_store_go() -> None:
+    """The score and evaluate stages' first step: the trained run is complete and, under DVC,
+    committed (both depend on it), so the copy of its tasks kept for a killed `dvc exp run`
+    (stages/runtime/resume.py) is no longer needed."""
+    from stages.runtime import paths, resume
+
+    run = paths.TRAIN / "run.json"
+    if run.is_file():
+        resume.forget(artifacts.read_json(run).get("fingerprint", ""))
+
+
 def build_method(s, manifest: dict, device, generator, init_generator=None):
     """The method of the run settings `s` (a RunSettings) on a fresh network, for the prepared data of
     `manifest`."""

@@ -36,7 +36,10 @@ def write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def read_json(path: Path, fix: str | None = None) -> dict:
+RESTORE = "restore it with `dvc checkout`, or delete it and run `dvc repro`"
+
+
+def read_json(path: Path, fix: str = RESTORE) -> dict:
     """A JSON object (run.json, accuracy.json), read as `read` reads."""
     import json
 
@@ -46,7 +49,7 @@ def read_json(path: Path, fix: str | None = None) -> dict:
             raise ValueError("not a JSON object")
         return value
 
-    return read(path, obj, *([fix] if fix else []))
+    return read(path, obj, fix)
 
 
 def _not_the_file(e: BaseException) -> bool:
@@ -55,7 +58,7 @@ def _not_the_file(e: BaseException) -> bool:
             or "CUDA" in str(e) or "out of memory" in str(e))
 
 
-def read(path: Path, reader, fix: str = "restore it with `dvc checkout`, or delete it and run `dvc repro`"):
+def read(path: Path, reader, fix: str = RESTORE):
     """`reader(path)`, a missing or damaged file (cut short, overwritten) as one line naming it."""
     path = Path(path)
     if not path.is_file():
