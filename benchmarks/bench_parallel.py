@@ -3,6 +3,11 @@ method step (width 64, batch 32 + 32 replay) over the same timed window; prints 
 second summed over the processes, and the ratio against one process measured in the same run.
 
     python benchmarks/bench_parallel.py --device cuda --processes 1,4,8,16
+    python benchmarks/bench_parallel.py --device cuda --processes 8 --precision bf16 --channels-last
+
+`--precision bf16` and `--channels-last` train the step as `train.precision: bf16` and
+`train.channels_last: true` do (stages/pipeline/trained.py): bf16 autocast around the method's
+observe, the network and every batch in the channels_last memory format.
 
 Use it to choose `pbr sweep ... --jobs J` on a GPU machine (README, Results: on one H200 the sum
 stopped growing at about 4 processes).
@@ -35,10 +40,14 @@ def child(a) -> None:
     raw = torch.randint(0, 256, (a.batch * 64, 3, 32, 32), dtype=torch.uint8, device=dev)
     labels = torch.randint(0, 2, (a.batch * 64,), device=dev)
     aug = Augment(mean, std)
+    fmt = torch.channels_last if a.channels_last else torch.contiguous_format
+    bf16 = a.precision == "bf16"
     ctx = Context(10, [torch.arange(0, 2, device=dev), torch.arange(2, 4, device=dev)], dev,
-                  lambda x, gen: aug(x, gen), lambda x: normalize(x, mean, std), g, replay_batch_size=a.batch)
+                  lambda x, gen: aug(x, gen).contiguous(memory_format=fmt),
+                  lambda x: normalize(x, mean, std).contiguous(memory_format=fmt), g, replay_batch_size=a.batch,
+                  autocast_dtype=torch.bfloat16 if bf16 else None)
     cls = METHODS[a.method]
-    net = Net(10, a.width, cls.defaults["head"], dropout=cls.defaults["dropout"]).to(dev)
+    net = Net(10, a.width, cls.defaults["head"], dropout=cls.defaults["dropout"]).to(dev, memory_format=fmt)
     if a.compile != "none":  # as train.compile does: the network's forward and backward; the rest eager
         net.compile(mode=None if a.compile == "default" else a.compile)
     m = create(a.method, net, ctx, buffer_size=200)
@@ -53,7 +62,10 @@ def child(a) -> None:
     def step(s):
         i = (s % 64) * a.batch
         r = raw[i:i + a.batch]
-        m.observe(ctx.augment(r, g), labels[i:i + a.batch] + 2, r)
+        if a.compile == "reduce-overhead" and dev.type == "cuda":  # as pbr.loop.fit_task does with graphs
+            torch.compiler.cudagraph_mark_step_begin()
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):  # as fit_task wraps observe
+            m.observe(ctx.augment(r, g), labels[i:i + a.batch] + 2, r)
 
     for s in range(20):
         step(s)
@@ -82,18 +94,22 @@ def main() -> None:
     ap.add_argument("--compile", default="none", choices=("none", "default", "reduce-overhead"),
                     help="torch.compile the network (reduce-overhead: CUDA graphs on a GPU); raise --warmup to "
                          "cover the compile")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="bf16: as train.precision: bf16")
+    ap.add_argument("--channels-last", action="store_true", help="as train.channels_last: true")
     ap.add_argument("--start-at", type=float, default=None, help=argparse.SUPPRESS)  # a child process
     a = ap.parse_args()
     if a.start_at is not None:
         return child(a)
     print(f"# {a.method} step, width {a.width}, batch {a.batch} (+{a.batch} replay), {a.device}, one thread a process"
-          + ("" if a.compile == "none" else f", network compiled ({a.compile})"))
+          + ("" if a.compile == "none" else f", network compiled ({a.compile})")
+          + f", {a.precision}" + (", channels_last" if a.channels_last else ""))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     base = None
     for n in (int(k) for k in a.processes.split(",")):
         start = time.time() + a.warmup
         cmd = [sys.executable, __file__, "--method", a.method, "--width", str(a.width), "--batch", str(a.batch),
-               "--device", a.device, "--seconds", str(a.seconds), "--compile", a.compile, "--start-at", str(start)]
+               "--device", a.device, "--seconds", str(a.seconds), "--compile", a.compile, "--start-at", str(start),
+               "--precision", a.precision] + (["--channels-last"] if a.channels_last else [])
         procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(n)]
         rates = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
         total = sum(r["img_s"] for r in rates)

@@ -29,6 +29,8 @@ Routes, in this order (the most telling first, so a spent budget cuts the least 
                     (torch.compile, reduce-overhead; the method's buffer and data work stay eager)
   mps-graphs        the same under an MPS daemon, N in --mps-processes: the combination the H100
                     session left to measure (docs/gpu.md)
+                    (the four process routes run the ER step in each of --process-formats: fp32,
+                    bf16, fp32+cl, bf16+cl, as train.precision / train.channels_last apply them)
   lanes-cl          channels_last lanes, fp32 and bf16 (late: at batch 32 it slowed every method's
                     single step on an H200, docs/benchmarks.md)
   cudnn-benchmark   the best eager lanes with torch.backends.cudnn.benchmark on
@@ -59,6 +61,7 @@ from pathlib import Path
 from common import machine, row
 
 FULL_RUN_CURRENT_IMAGES = 620_000
+FORMATS = {"fp32", "bf16", "fp32+cl", "bf16+cl"}  # --process-formats
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)
 ROUTES = ("baseline", "lanes", "lanes-bf16", "compile", "processes", "lanes-data", "lanes-data-batched",
           "lockstep", "lanes-processes", "mps", "graphs-processes", "mps-graphs", "lanes-cl", "cudnn-benchmark")
@@ -449,14 +452,15 @@ class Routes:
                 f"{res['cudagraph_skips']} CUDA-graph skips" + (f"; {skipped[0]}" if skipped else ""))
         self.record("compile", variant, max(n_lanes, 1), step_s=res["step_s"], note=note)
 
-    def windows(self, route, n_procs, n_lanes=0, env=None, graphs=False):
+    def windows(self, route, n_procs, n_lanes=0, env=None, graphs=False, fmt="fp32"):
         """N children over one timed window: bench_parallel's ER step (n_lanes 0; its network compiled
-        with CUDA graphs if `graphs`) or our lanes."""
+        with CUDA graphs if `graphs`; `fmt` fp32, bf16, fp32+cl or bf16+cl: train.precision and
+        train.channels_last as the pipeline applies them) or our lanes."""
         a = self.a
         warmup = max(a.proc_warmup, a.graphs_warmup) if graphs else a.proc_warmup
         need = warmup + a.window + 10
         if self.left() < need:
-            return self.record(route, "er step" if not n_lanes else "fp32+data batched", max(n_lanes, 1), n_procs,
+            return self.record(route, f"er step {fmt}" if not n_lanes else "fp32+data batched", max(n_lanes, 1), n_procs,
                                status="skipped", note="budget spent")
         if self.dev.type == "cuda":
             self.torch.cuda.empty_cache()
@@ -467,6 +471,7 @@ class Routes:
         else:
             cmd = [sys.executable, str(HERE / "bench_parallel.py"), "--method", "er"]
             cmd += ["--compile", "reduce-overhead"] if graphs else []
+            cmd += ["--precision", fmt.split("+")[0]] + (["--channels-last"] if fmt.endswith("+cl") else [])
         cmd += ["--device", a.device, "--width", str(a.width), "--batch", str(a.batch),
                 "--seconds" if not n_lanes else "--window", str(a.window), "--start-at", str(start)]
         env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
@@ -481,7 +486,7 @@ class Routes:
                 out, err = p.communicate()
             res = _last_json(out)
             (results.append(res) if res and p.returncode == 0 else errors.append(_why(err, p.returncode)))
-        variant = ("er step (bench_parallel)" + (", graphs" if graphs else "")) if not n_lanes else "fp32+data batched"
+        variant = (f"er step (bench_parallel) {fmt}" + (", graphs" if graphs else "")) if not n_lanes else "fp32+data batched"
         if errors:
             return self.record(route, variant, max(n_lanes, 1), n_procs, status="failed",
                                note=f"{len(errors)} of {n_procs} children failed: {errors[0]}")
@@ -511,6 +516,8 @@ def main() -> None:
     ap.add_argument("--lanes", default="1,2,4,8,16,32", help="comma list of L")
     ap.add_argument("--processes", default="1,4", help="comma list of N for the processes route")
     ap.add_argument("--mps-processes", default="4,8")
+    ap.add_argument("--process-formats", default="fp32", help="comma list of fp32, bf16, fp32+cl, bf16+cl: the ER step's "
+                    "number format and memory format in the processes, mps, graphs-processes and mps-graphs rows")
     ap.add_argument("--routes", default=",".join(ROUTES), help=f"comma list, in this order: {','.join(ROUTES)}")
     ap.add_argument("--seconds", type=float, default=540, help="the whole script's budget; routes past it are skipped")
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench_routes_out")
@@ -546,6 +553,9 @@ def main() -> None:
         a.steps, a.repeats, a.warmup, a.window, a.proc_warmup = 2, 3, 1, 1.5, 25
         a.processes, a.mps_processes = "2", "2"
     routes = a.routes.split(",")
+    formats = a.process_formats.split(",")
+    if set(formats) - FORMATS:
+        sys.exit(f"--process-formats: unknown {sorted(set(formats) - FORMATS)}; choose from {','.join(sorted(FORMATS))}")
     unknown = set(routes) - set(ROUTES)
     if unknown:
         sys.exit(f"--routes: unknown {sorted(unknown)}; choose from {','.join(ROUTES)}")
@@ -579,7 +589,8 @@ def main() -> None:
             r.compile_child(f"reduce-overhead, lanes {dtype}", n, dtype)
     if "processes" in routes:
         for n in (int(k) for k in a.processes.split(",")):
-            r.windows("processes", n)
+            for fmt in formats:
+                r.windows("processes", n, fmt=fmt)
     if "lanes-data" in routes:
         r.lanes_sweep("lanes-data", "fp32", data="per-lane")
     if "lanes-data-batched" in routes:
@@ -601,13 +612,15 @@ def main() -> None:
 
     def mps_rows(env):
         for n in (int(k) for k in a.mps_processes.split(",")):
-            r.windows("mps", n, env=env)
+            for fmt in formats:
+                r.windows("mps", n, env=env, fmt=fmt)
         if "lanes-processes" in routes:  # lanes under MPS: with the route they extend
             r.windows("mps", 4, n_lanes=best_n, env=env)
 
     def mps_graphs_rows(env):
         for n in (int(k) for k in a.mps_processes.split(",")):
-            r.windows("mps-graphs", n, env=env, graphs=True)
+            for fmt in formats:
+                r.windows("mps-graphs", n, env=env, graphs=True, fmt=fmt)
 
     for route in ("mps", "graphs-processes", "mps-graphs"):
         if route in routes and not cuda:
@@ -616,7 +629,8 @@ def main() -> None:
             under_mps("mps", mps_rows)
         elif route == "graphs-processes" and route in routes:
             for n in (int(k) for k in a.processes.split(",")):
-                r.windows(route, n, graphs=True)
+                for fmt in formats:
+                    r.windows(route, n, graphs=True, fmt=fmt)
         elif route == "mps-graphs" and route in routes:
             under_mps(route, mps_graphs_rows)
     if "lanes-cl" in routes:

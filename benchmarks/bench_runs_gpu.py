@@ -118,6 +118,25 @@ def carried(source: Path, dest: Path) -> dict:
     return {k: v for k, v in json.loads(manifest.read_text())["params"].items() if k not in ("root", "download")}
 
 
+def settings(params: dict, pairs: list[str]) -> dict:
+    """`params` with each KEY=VALUE of --set (VALUE read as YAML, as `dvc exp run -S` reads it); a key
+    params.yaml does not have is refused, so a typo cannot pass as a measured setting."""
+    import yaml
+
+    from stages.experiments.sweep import _merged
+
+    over, missing = {}, object()
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        d = params
+        for part in key.split("."):
+            d = d.get(part, missing) if isinstance(d, dict) else missing
+        if not sep or d is missing or isinstance(d, dict):
+            raise SystemExit(f"--set {pair}: give KEY=VALUE with KEY a setting of params.yaml (train.precision=bf16)")
+        over[key] = yaml.safe_load(value)
+    return _merged(params, over)
+
+
 def pack(journal_dir: Path, out: Path) -> None:
     """The runs' records (plain files, stages/runtime/journal.py) as one archive under `out`, replaced
     whole: a call's files come back only two folders deep, and a call cut short keeps the last one.
@@ -231,7 +250,12 @@ def write(out: Path, result: dict) -> None:
               f"identical: {result['same_rows']}"]
     g = result["graphs_vs_eager"]
     if g:
-        lines += ["", "final Class-IL, eager (mps) against CUDA graphs (mps-graphs), same seeds:", "",
+        def said(phase):  # a merged phase may have run with other --set values than this call's
+            got = result["phases"][phase].get("set")
+            return f", {' '.join(got)}" if got else ""
+
+        lines += ["", f"final Class-IL, eager (mps{said('mps')}) against CUDA graphs (mps-graphs{said('mps-graphs')}), "
+                  "same seeds:", "",
                   "| row | seeds | eager, each seed | graphs, each seed | graphs - eager, mean | eager seeds' std |",
                   "| --- | --- | --- | --- | --- | --- |"]
         lines += [f"| {row} | {v['seeds']} | {v['eager']} | {v['graphs']} | {v['mean_diff']:+.2f} | "
@@ -257,6 +281,9 @@ def main() -> None:
                     "by seed (as `pbr sweep fidelity --only row=...`)")
     ap.add_argument("--seeds", help="the seeds, as `pbr sweep --seeds` takes them (3-4, or 0,2); default from 0, "
                     "as many as the runs of the largest phase need")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a params.yaml setting for every run of the call, as `dvc exp run -S` takes it "
+                         "(train.precision=bf16, train.channels_last=true); repeatable, recorded in the meta")
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench_runs_gpu_out")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -292,7 +319,8 @@ def main() -> None:
         base = Path(tmp)
         env["MLFLOW_TRACKING_URI"] = journal.uri(base / "journal")
         t = time.time()
-        params = prepare(base, a)
+        params = settings(prepare(base, a), a.set)
+        result["meta"]["set"] = a.set
         result["meta"]["prepare_s"] = round(time.time() - t, 1)
         rows = a.rows.split(",")
         seeds = parse_seeds(a.seeds) if a.seeds else list(range(max(a.mps_runs, a.off_runs) // len(rows) + 1))
@@ -316,7 +344,7 @@ def main() -> None:
             except Exception as e:  # MPS refused: recorded, the other phase still runs
                 res = {"failed": f"{type(e).__name__}: {e}"}
                 shared = False
-            res.update(runs_at_once=n, mps=bool(shared))
+            res.update(runs_at_once=n, mps=bool(shared), set=a.set)
             if "wall_s" in res:
                 ok = sum("failed" not in v for v in res["runs"].values())  # a failed run is no run
                 res["runs_per_hour"] = ok * 3600 / res["wall_s"]

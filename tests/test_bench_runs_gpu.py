@@ -27,6 +27,18 @@ def test_graphs_against_eager_by_hand():
     assert got["fid-er-lr0.1"] == {"seeds": [0], "eager": [40.0], "graphs": [43.0], "mean_diff": 3.0, "eager_std": 0.0}
 
 
+def test_set_reads_values_as_yaml_and_refuses_a_key_params_yaml_lacks():
+    import yaml
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    got = bench.settings(params, ["train.precision=bf16", "train.channels_last=true", "model.width=32"])
+    assert (got["train"]["precision"], got["train"]["channels_last"], got["model"]["width"]) == ("bf16", True, 32)
+    assert params["train"]["precision"] == "auto"  # the call's base params are not changed in place
+    for bad in ("train.precison=bf16", "train=bf16", "train.precision", "nosuch.key=1"):
+        with pytest.raises(SystemExit, match=f"--set {bad}: give KEY=VALUE"):
+            bench.settings(params, [bad])
+
+
 def test_a_packed_prepared_folder_unpacks_with_its_data_settings(tmp_path):
     repo = tmp_path / "repo"
     (repo / "data/prepared/task_00").mkdir(parents=True)
