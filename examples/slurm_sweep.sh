@@ -9,6 +9,7 @@
 #   export REPO=git@github.com:our-lab/pbr.git MLFLOW_TRACKING_URI=https://mlflow.our-lab.org
 #   export MLFLOW_TRACKING_USERNAME=alice MLFLOW_TRACKING_PASSWORD=...   # or from a file: docs/team.md
 #   GRID=table2 SEEDS=5 sbatch --array=1-3 examples/slurm_sweep.sh
+# One task submitted again alone needs the array's size: SHARDS=3 sbatch --array=2 examples/slurm_sweep.sh
 # A re-queued array task runs its shard again: finished runs are not lost, the report counts a
 # repeated run once, and its experiments replace their earlier copies on the git remote.
 #SBATCH --job-name=pbr-sweep
@@ -27,7 +28,7 @@ JOBS=${JOBS:-4}           # runs at once on this machine (4 saturate one H200: d
 BRANCH=${BRANCH:-main}    # every task must plan from the same commit, params.yaml and options
 SWEEP_ARGS=${SWEEP_ARGS:-}  # more options for every task alike, e.g. "--budget proxy -S data.root=/shared/data"
 K=$SLURM_ARRAY_TASK_ID
-N=${SLURM_ARRAY_TASK_COUNT:?}
+N=${SHARDS:-${SLURM_ARRAY_TASK_COUNT:?}}  # SHARDS: the array's size when one task is submitted alone
 WORK=${WORK:-${SCRATCH:-$HOME}/pbr-sweep}/$GRID-shard-$K-of-$N
 
 if [ ! -d "$WORK/.git" ]; then

@@ -119,7 +119,7 @@ def confirm(
 
 @app.command()
 def sweep(
-    name: str = typer.Argument(..., help="Grid: table2 (methods x buffers x datasets), table3 (shuffled, IRs), "
+    name: str = typer.Argument(..., help="Grid: table1 (the LTCL methods against PBR, Seq-CIFAR-100-LT), table2 (methods x buffers x datasets), table3 (shuffled, IRs), "
                                          "table5 (ablation), fidelity (PBR's open readings against ER), families "
                                          "(every method, balanced and long-tailed Seq-CIFAR-10)."),
     budget: str = typer.Option("full", "--budget", help="full: params.yaml as it is (50 epochs per task, width "

@@ -134,7 +134,7 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     channels_last: bool | Auto = _key(None, "true, false or auto", default="auto")
     # torch.compile of the model's forward (and its backward): faster steps after a compile per
-    # batch shape, so worth it for long runs only (README, Benchmarks). graphs: the same as CUDA
+    # batch shape, so worth it for long runs only (docs/benchmarks.md). graphs: the same as CUDA
     # graphs (mode reduce-overhead), which remove a GPU step's launch cost (docs/gpu.md).
     compile: bool | Literal["graphs"] = _key(None, "true, false or graphs (CUDA graphs, on a GPU)", default=False)
     # CPU threads of torch: auto = the cores, shared among live `dvc queue` workers (stages/runtime/threads.py).

@@ -5,8 +5,8 @@ bf16 autocast where the device has bf16 arithmetic units (a CUDA GPU of compute 
 newer; a CPU whose flags list AMX, amx_bf16, or AVX-512 BF16, avx512_bf16), on the kinds of device
 where bf16 was measured to keep fp32's accuracy and to run the step faster. Without the units bf16
 is emulated and slower than fp32, so auto stays fp32; on a GPU the units are there but the step at
-our batch size is bound by kernel launches, not arithmetic, and bf16 was no faster (README,
-Benchmarks and Results), so auto stays fp32 there too.
+our batch size is bound by kernel launches, not arithmetic, and bf16 was no faster
+(docs/benchmarks.md and docs/results.md), so auto stays fp32 there too.
 
 channels_last on a CPU from width 20 up, the widths at which it was measured faster on the CPUs we
 run on; below that it stays off (tiny widths are pathologically slow in it). On a GPU it stays off
@@ -19,8 +19,8 @@ from pathlib import Path
 
 CHANNELS_LAST_MIN_WIDTH = 20
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-# The device types on which bf16 was shown to keep fp32's accuracy (README, Results: 3 seeds of er
-# and pbr on the real Seq-CIFAR-10-LT) and measured faster than fp32 (README, Benchmarks). cuda
+# The device types on which bf16 was shown to keep fp32's accuracy (docs/results.md: 3 seeds of er
+# and pbr on the real Seq-CIFAR-10-LT) and measured faster than fp32 (docs/benchmarks.md). cuda
 # passed the first (an H200, the proxy budget) but not the second. Elsewhere auto stays fp32.
 BF16_PAYS_ON = ("cpu",)
 
