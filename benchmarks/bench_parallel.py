@@ -9,7 +9,7 @@ second summed over the processes, and the ratio against one process measured in 
 `train.channels_last: true` do (stages/pipeline/trained.py): bf16 autocast around the method's
 observe, the network and every batch in the channels_last memory format.
 
-Use it to choose `pbr sweep ... --jobs J` on a GPU machine (README, Results: on one H200 the sum
+Use it to choose `pbr sweep ... --jobs J` on a GPU machine (docs/benchmarks.md: on one H200 the sum
 stopped growing at about 4 processes).
 """
 
