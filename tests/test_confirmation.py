@@ -120,3 +120,11 @@ def test_an_unknown_confirmation_is_a_one_line_error():
 
     with pytest.raises(UserError, match=re.escape("pbr confirm later: no such confirmation; use one of defaults | outliers | walkpool")):
         confirmation.run("sqlite:///nowhere.db", which="later")
+
+
+def test_a_store_without_runs_says_to_run_the_confirmation_again(tmp_path):
+    from pbr.errors import UserError
+
+    with pytest.raises(UserError) as e:
+        confirmation.run(f"sqlite:///{tmp_path}/mlflow.db", which="outliers")
+    assert "No finished pipeline runs" in str(e.value) and str(e.value).endswith("then run `pbr confirm outliers` again.")

@@ -68,6 +68,15 @@ def test_missing_data_says_where_it_looked(tmp_path):
         load_raw("cifar10", tmp_path, download=False)
 
 
+def test_the_archive_given_as_the_root_names_its_folder(tmp_path):
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    archive.write_bytes(b"")
+    for download in (False, True):  # nothing is fetched into a file's place either
+        with pytest.raises(DataError, match=f"data.root {archive} is a file; point data.root at the folder that "
+                                            f"holds it \\({tmp_path}\\)"):
+            load_raw("cifar10", archive, download=download)
+
+
 def test_failed_download_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(sources, "CIFAR100_URL", "http://127.0.0.1:9/cifar-100-python.tar.gz")
     with pytest.raises(DataError, match=r"downloading cifar100 into .* failed .* fetch .* by hand"):

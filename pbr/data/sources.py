@@ -306,6 +306,8 @@ def raw_present(dataset: str, root: str | Path) -> bool:
 def load_raw(dataset: str, root: str | Path, download: bool = False) -> RawDataset:
     """Read `dataset` from `root` (archive or extracted folder), downloading it when allowed."""
     root = Path(root)
+    if root.is_file():  # the archive itself given: the candidates below would be names inside a file
+        raise DataError(f"data.root {root} is a file; point data.root at the folder that holds it ({root.parent})")
     cands = _candidates(dataset, root)
     path = next((p for p in cands if p.exists()), None)
     if path is None and download:

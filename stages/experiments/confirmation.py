@@ -160,6 +160,6 @@ def run(tracking_uri: str | None = None, experiment: str = report.DEFAULT_EXPERI
     uri = tracking_uri or report._default_uri()
     runs = report.collect_runs(uri, experiment)
     if not runs:
-        raise UserError(report.no_runs_message(uri, experiment))
+        raise UserError(report.no_runs_message(uri, experiment, f"pbr confirm {which}"))
     groups, _ = report.group_runs(runs)
     return render(groups, PLANS[which])

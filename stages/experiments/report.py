@@ -728,9 +728,9 @@ def write_csv(groups: list[Group], path: Path, metric: str = "acc") -> None:
     artifacts.write_text(path, buf.getvalue())
 
 
-def no_runs_message(tracking_uri: str, experiment: str) -> str:
+def no_runs_message(tracking_uri: str, experiment: str, command: str = "pbr report") -> str:
     return (f"No finished pipeline runs in MLflow experiment '{experiment}' at {tracking_uri}: "
-            f"produce some with `dvc repro` (or `dvc exp run`), then run `pbr report` again.")
+            f"produce some with `dvc repro` (or `dvc exp run`), then run `{command}` again.")
 
 
 def report_experiment(experiment: str) -> str:
