@@ -5,6 +5,8 @@ Heavy imports (torch, pyarrow, mlflow) happen inside the commands so `pbr --help
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -267,9 +269,39 @@ def ui(
     if uri.startswith(("http://", "https://")):
         typer.echo(tracking.ui_link(uri, exp_id))
         return
+    _port_free(port)
     typer.echo(f"open {tracking.ui_link(f'http://127.0.0.1:{port}', exp_id)}   (Ctrl-C ends the UI)", err=True)
-    subprocess.run([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
-                    "--port", str(port)])
+    # The server in a session of its own, stopped by SIGTERM when this command is stopped (Ctrl-C or a
+    # kill): a terminal's Ctrl-C reaching MLflow's workers directly prints a traceback from each.
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+                               "--port", str(port)], start_new_session=True,
+                              env={**os.environ, "PYTHONWARNINGS": "ignore::DeprecationWarning"})  # MLflow's, not ours
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        if server.wait():
+            raise UserError(f"MLflow's UI server stopped (exit {server.returncode}); its lines above say why (a port "
+                            f"in use: pbr ui --port N)")
+    except KeyboardInterrupt:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        typer.echo("MLflow UI stopped", err=True)
+
+
+def _port_free(port: int) -> None:
+    """MLflow's server exits 0 when its port is taken, after its start-up: asked first, the answer is a line."""
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: a closing port is free
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise UserError(f"pbr ui --port {port}: the port is in use (another UI or server); give another "
+                            "with --port") from None
 
 
 def main() -> None:

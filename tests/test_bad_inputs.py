@@ -256,8 +256,8 @@ def test_training_output_that_cannot_be_written(tmp_path, prepared, pbr):
     assert not _leftovers(repo)
 
 
-def test_ui_without_a_store_or_its_experiment(tmp_path, pbr_main):
-    """`pbr ui` before any stage ran: one line, and no empty store created on the way."""
+def test_ui_without_a_store_its_experiment_or_its_port(tmp_path, pbr_main):
+    """`pbr ui` before any stage ran, or on a port in use: one line, and no empty store created on the way."""
     run = lambda **e: pbr_main("ui", cwd=tmp_path, env=e)  # noqa: E731
     _one_line_error(run(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"), "no MLflow store at", "dvc repro")
     assert not (tmp_path / "mlflow.db").exists()
@@ -266,6 +266,16 @@ def test_ui_without_a_store_or_its_experiment(tmp_path, pbr_main):
     MlflowClient(f"sqlite:///{tmp_path / 'other.db'}").create_experiment("someone-else")
     _one_line_error(run(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'other.db'}", MLFLOW_EXPERIMENT_NAME="pbr"),
                     "has no experiment 'pbr'", "MLFLOW_EXPERIMENT_NAME")
+    import socket
+
+    MlflowClient(f"sqlite:///{tmp_path / 'runs.db'}").create_experiment("pbr")
+    with socket.socket() as taken:  # MLflow's own server would start, then exit 0 on a port in use
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        _one_line_error(pbr_main("ui", "--port", str(port), cwd=tmp_path,
+                                 env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'runs.db'}"}),
+                        f"pbr ui --port {port}: the port is in use", "--port")
 
 
 @pytest.fixture(scope="module")
