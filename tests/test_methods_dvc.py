@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from project import BIN, copy_project, env, set_params, tree_bytes
+from project import BIN, assert_links_this_execution, copy_project, env, set_params, tree_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -82,6 +82,8 @@ def test_er_runs_through_dvc_exp_run_and_resumes_after_sigkill(tmp_path, finishe
     [done] = [x for x in runs if x.info.status == "FINISHED"]
     assert done.data.metrics["class_il.acc"] == pytest.approx(
         json.loads((repo / "reports/metrics.json").read_text())["class_il"]["acc"], abs=1e-3)
+    # Its hashes are the experiment's outputs, not those of the PBR run its dvc.lock started from.
+    assert_links_this_execution(done.data.tags, repo)
 
     # The experiment and the finished PBR run it started from are two rows of one table, each once.
     from stages.experiments import report

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from project import copy_project, dvc
+from project import assert_links_this_execution, copy_project, dvc
 
 pytestmark = pytest.mark.slow
 
@@ -55,6 +55,7 @@ def test_pipeline_metrics_plots_and_mlflow_agree(tmp_path, finished):
     assert len(c.get_metric_history(r.info.run_id, "class_il.seen_acc")) == 5  # step = task
     assert len(c.get_metric_history(r.info.run_id, "train.loss")) == 10  # two epochs per task
     assert r.data.tags["dvc.md5.artifacts/train"].endswith(".dir")  # models and buffers: linked by hash
+    assert_links_this_execution(r.data.tags, repo)
     assert len(r.data.tags["git.commit"]) == 40 and r.data.tags["pbr.data_manifest"]
     arts = [a.path for a in c.list_artifacts(r.info.run_id, "evaluate")]
     assert "evaluate/metrics.json" in arts and "evaluate/matrices.png" in arts
