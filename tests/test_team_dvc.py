@@ -81,15 +81,18 @@ def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, m
         run(["git", "remote", "add", "origin", str(origin)], a)
         run(["git", "push", "-q", "origin", "main"], a)
         # Each machine runs its array task of examples/slurm_sweep.sh, as SLURM would start it: alice's
-        # and bob's at once; bob's machine then runs task 1 again (a re-queued job) after alice's finished it.
+        # and bob's at once; bob's machine then runs task 1 again after alice's finished it, submitted alone
+        # (`SHARDS=2 sbatch --array=1`: SLURM counts an array of one, SHARDS gives the grid's split).
         names = {}
 
-        def start(machine, user, k):
+        def start(machine, user, k, alone=False):
             # POLL_SECONDS: each poll is a `dvc queue status` (~0.6 CPU s); every 5 s cost ~36 polls in all, and
             # every 10 s half that for ~5 s more of waiting, which the other pytest workers fill.
             e = {**_as(user, uri), "REPO": str(origin), "WORK": str(tmp_path / machine), "GRID": "table3",
                  "SEEDS": "1", "JOBS": "1", "SWEEP_ARGS": "--only data.imbalance_ratio=0.1", "POLL_SECONDS": "10",
                  "SLURM_ARRAY_TASK_ID": str(k), "SLURM_ARRAY_TASK_COUNT": "2"}
+            if alone:
+                e.update(SLURM_ARRAY_TASK_COUNT="1", SHARDS="2")
             return machine, k, subprocess.Popen(["bash", str(ROOT / "examples/slurm_sweep.sh")], cwd=tmp_path, env=e,
                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -103,7 +106,7 @@ def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, m
 
         for job in [start("alice-node", "alice", 1), start("bob-node", "bob", 2)]:
             finish(*job)
-        finish(*start("bob-node", "bob", 1))
+        finish(*start("bob-node", "bob", 1, alone=True))
         assert len(names[1]) == 1 and len(names[2]) == 1 and names[1] != names[2]
 
         c = tmp_path / "carol"
