@@ -121,9 +121,10 @@ def confirm(
 
 @app.command()
 def sweep(
-    name: str = typer.Argument(..., help="Grid: table1 (the LTCL methods against PBR, Seq-CIFAR-100-LT), table2 (methods x buffers x datasets), table3 (shuffled, IRs), "
-                                         "table5 (ablation), fidelity (PBR's open readings against ER), families "
-                                         "(every method, balanced and long-tailed Seq-CIFAR-10)."),
+    name: str = typer.Argument(..., help="Grid: table1 (the LTCL methods against PBR, Seq-CIFAR-100-LT), table2 "
+                                         "(methods x buffers x datasets), table3 (shuffled, IRs), table5 (ablation), "
+                                         "fidelity (PBR's open readings against ER), families (every method, balanced "
+                                         "and long-tailed Seq-CIFAR-10)."),
     budget: str = typer.Option("full", "--budget", help="full: params.yaml as it is (50 epochs per task, width "
                                                         "64); proxy: the validated cheap stand-in (docs/method.md); quick: "
                                                         "width 8, one epoch a task."),
