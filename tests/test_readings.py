@@ -560,3 +560,19 @@ def test_mc_backbone_in_the_scorer_keeps_the_prediction_and_changes_the_mi():
     # The default is the head-only scorer: the PBR setting left alone calls it as before.
     method, _ = _setup("pbr")
     assert method.opts.mc_backbone is False and method.opts.mi_epochs == 1
+
+
+@pytest.mark.parametrize("head", ["cosine", "linear"])
+@pytest.mark.parametrize("mi_logits", ["scaled", "cosine"])
+def test_the_score_stage_scores_at_the_walks_temperature(head, mi_logits):
+    """`pbr score`'s auto temperature (from the saved settings) is the one the walk scored with, for
+    either head: tau1 = 0.1 on a linear head is 0.1, not 1."""
+    from pbr.methods import METHODS, Context
+
+    cls = METHODS["pbr"]
+    opts, _ = cls.options("cifar10", 16, tau1=0.1, mi_logits=mi_logits)
+    net = Net(4, 4, head, scale=10.0, dropout=0.1)
+    ctx = Context(4, [torch.arange(0, 2), torch.arange(2, 4)], torch.device("cpu"), None, None, torch.Generator())
+    walk = cls(net, ctx, opts).mi_temperature()
+    assert walk == pytest.approx(1.0 if head == "cosine" and mi_logits == "cosine" else 0.1)
+    assert cls.score_temperature({**vars(opts), "head": head, "scale": 10.0}) == pytest.approx(walk)

@@ -130,10 +130,10 @@ class PBR(ContinualMethod):
 
     @classmethod
     def score_temperature(cls, settings: dict[str, Any]) -> float:
-        # The walk's own: tau1 on s * cos, or tau1 * s when the MI is taken on the bare cosines.
-        if settings.get("head") != "cosine":
-            return 1.0
-        return settings["tau1"] * (settings["scale"] if settings["mi_logits"] == "cosine" else 1.0)
+        # The walk's own (mi_temperature): tau1 on the head's logits, times s when the MI is taken on
+        # the bare cosines; a linear head has no s.
+        scale = settings["scale"] if settings.get("head") == "cosine" else 1.0
+        return settings["tau1"] * (scale if settings["mi_logits"] == "cosine" else 1.0)
 
     @classmethod
     def score_samples(cls, settings: dict[str, Any]) -> int:
