@@ -55,10 +55,11 @@ def _back_to(dtype: torch.dtype):
 class Lanes(nn.Module):
     """L copies of one network (same class and shapes, their own parameters and buffers).
 
-    `compute_dtype=torch.bfloat16` runs convolutions and the head in bf16 with fp32 master
-    weights, BatchNorm in fp32. torch.autocast cannot do this: under vmap its casts
-    miss the convolutions (they reach the kernel in fp32), so the lanes cast by hand what
-    autocast would (every parameter not owned by a BatchNorm) once per step for all lanes.
+    `compute_dtype=torch.bfloat16` runs the convolutions in bf16 with fp32 master weights,
+    BatchNorm and the head in fp32 (the head turns autocast off itself: pbr.models.heads).
+    torch.autocast cannot do this: under vmap its casts miss the convolutions (they reach the
+    kernel in fp32), so the lanes cast by hand what autocast would (every parameter not owned by
+    a BatchNorm or the head) once per step for all lanes.
 
     `channels_last=True` lays out the stacked conv weights and each step's input so that the
     grouped convolutions vmap launches get channels_last tensors.
@@ -91,7 +92,7 @@ class Lanes(nn.Module):
         self.state_names = tuple(nets[0].state_dict())  # a single network's state_dict order
         bn_owned = {f"{m}.{p}" for m, mod in self.skeleton.named_modules()
                     if isinstance(mod, nn.modules.batchnorm._BatchNorm) for p, _ in mod.named_parameters(recurse=False)}
-        self.cast = tuple(n not in bn_owned for n in self.param_names)
+        self.cast = tuple(n not in bn_owned and not n.startswith("head.") for n in self.param_names)
         self.compute_dtype = None if compute_dtype == torch.float32 else compute_dtype
         if self.compute_dtype is not None:
             # vmap's BatchNorm rule hands the kernel affine tensors in the input's dtype beside the

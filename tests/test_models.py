@@ -89,3 +89,26 @@ def test_generator_init_is_reproducible():
 def test_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         Net(4, **{"width": 4, **kwargs})
+
+
+@pytest.mark.parametrize("head", ["cosine", "linear"])
+def test_the_classifier_keeps_fp32_under_bf16_autocast(head):
+    """At the paper's logit scale (s / tau1 = 100) bf16 logits would be off by up to about 0.7 (one
+    unit of bf16's last place near 100 is 0.5); the head runs in fp32, so only the bf16 features
+    differ: the logits stay within a few hundredths of fp32's."""
+    net = Net(10, 8, head, 10.0, 0.0, generator=torch.Generator().manual_seed(0)).eval()
+    x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        f = net.features(x)
+        # Class vectors close to ten samples' features: cosines near 0.95, as in a trained head.
+        noise = torch.randn(10, f.shape[1], generator=torch.Generator().manual_seed(2))
+        net.head.weight.copy_(f[:10] + 0.3 * f[:10].norm(dim=1, keepdim=True) * noise / f.shape[1] ** 0.5)
+        ref = net(x) / 0.1
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = net(x)
+            feats = net.features(x)
+        assert feats.dtype == torch.bfloat16 and got.dtype == torch.float32  # the backbone in bf16, not the head
+        assert torch.equal(got, net.classify(feats.float()))  # exactly the fp32 head on the bf16 features
+        if head == "cosine":
+            assert (ref / 100).max() > 0.9
+            assert (got / 0.1 - ref).abs().max() < 0.1

@@ -78,8 +78,10 @@ class LSC(nn.Module):
         self.weight = nn.Parameter(torch.randn(n_classes * proxies, dim) / math.sqrt(dim))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        s = (F.normalize(h, dim=1) @ F.normalize(self.weight, dim=1).T).view(h.shape[0], self.n_classes, self.proxies)
-        return (F.softmax(s, dim=2) * s).sum(2)
+        with torch.autocast(h.device.type, enabled=False):  # in fp32, as pbr.models.heads' classifiers
+            s = (F.normalize(h.to(self.weight.dtype), dim=1) @ F.normalize(self.weight, dim=1).T).view(h.shape[0], self.n_classes,
+                                                                                       self.proxies)
+            return (F.softmax(s, dim=2) * s).sum(2)
 
 
 def nca_loss(sims: torch.Tensor, y: torch.Tensor, eta: float, margin: float, form: str = "ltcil") -> torch.Tensor:

@@ -46,8 +46,12 @@ class Head(nn.Module):
     def forward(self, f: torch.Tensor, mc: bool = False) -> torch.Tensor:
         # mc=True keeps dropout on in eval mode (global RNG); pbr.uncertainty.mc_probs is
         # the reproducible, batched alternative.
-        z = F.dropout(self.embed(f), self.p, training=self.training or mc)
-        return self.project(z)
+        # In fp32 under bf16 autocast too (the backbone stays bf16): the losses scale the logits (s /
+        # tau1 = 100 in the paper's reading), and bf16's 8-bit mantissa would put errors of up to 0.7
+        # on them, 6% on a softmax probability (docs/method.md, "bf16"). The layer is tiny.
+        with torch.autocast(f.device.type, enabled=False):
+            z = F.dropout(self.embed(f.to(self.weight.dtype)), self.p, training=self.training or mc)
+            return self.project(z)
 
     def weight_norms(self) -> torch.Tensor:
         return self.weight.norm(dim=1)
