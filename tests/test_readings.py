@@ -116,7 +116,7 @@ class _Fixed(torch.nn.Module):
 
 def test_kl_over_old_or_all_seen_classes():
     """Task 1 of 2 (classes 0, 1 old; 2, 3 new), tau2 = 1. Teacher logits [1, 0, 0, 0],
-    student [0, 0, 1, 1]."""
+    student [0, 0, 1, 1]. (Here the head's classes are the seen ones: `head` in the next test.)"""
     e = math.e
     # old: p_T = softmax([1, 0]), p_S = [1/2, 1/2]
     pt = [e / (e + 1), 1 / (e + 1)]
@@ -138,6 +138,26 @@ def test_kl_over_old_or_all_seen_classes():
             assert grad[0, 2:].abs().max() == 0  # new-class logits untouched
         else:
             assert (grad[0, 2:] > 0).all()  # gradient descent pushes them down on buffer samples
+
+
+def test_kl_over_the_heads_every_class():
+    """Task 1 of 3 (classes 0, 1 old; 2, 3 new; 4, 5 later), tau2 = 1. Teacher logits [1, 0, 0, 0, 0, 0],
+    student [0, 0, 1, 1, 0, 0]: the later classes take their share of both softmaxes."""
+    e = math.e
+    PT = [e / (e + 5), 1 / (e + 5)]
+    PS = 1 / (4 + 2 * e)
+    want = {"head": sum(p * math.log(p / PS) for p in PT),
+            "all": sum(p * math.log(p / (1 / (2 + 2 * e))) for p in [e / (e + 3), 1 / (e + 3)])}
+    assert abs(want["head"] - 0.4490) < 1e-3 and abs(want["all"] - 0.6462) < 1e-3
+    student = torch.tensor([[0.0, 0.0, 1.0, 1.0, 0.0, 0.0]], requires_grad=True)
+    for reading in ("head", "all"):
+        method, _ = _setup("pbr", n_classes=6, n_tasks=3, kl_classes=reading, tau2=1.0)
+        method.task = 1
+        method.teacher = _Fixed(torch.tensor([[1.0, 0.0, 0.0, 0.0, 0.0, 0.0]]))
+        loss = method._distill(torch.zeros(1, 3, 32, 32), student, torch.tensor([0, 1]))
+        assert math.isclose(loss.item(), want[reading], rel_tol=1e-5), reading
+        (grad,) = torch.autograd.grad(loss, student)
+        assert ((grad[0, 4:] > 0).all() if reading == "head" else grad[0, 4:].abs().max() == 0), reading
 
 
 def test_imprinting_points_new_prototypes_at_their_mean_feature():

@@ -86,7 +86,8 @@ class PBR(ContinualMethod):
                 label=lambda v: f"per-{v} offset"),
         Setting("mi_logits", Literal["auto", "scaled", "cosine"], "auto", "the logit scale the MI is taken at",
                 label=lambda v: f"MI at {v} scale"),
-        Setting("kl_classes", Literal["auto", "old", "all"], "auto", "the classes the KL's softmaxes run over",
+        Setting("kl_classes", Literal["auto", "old", "all", "head"], "auto",
+                "the classes the KL's softmaxes run over: old, all seen so far, or the head's every class",
                 label=lambda v: f"KL over {v}"),
         Setting("imprint", bool, False, "new classes' vectors start at their samples' mean feature (LUCIR)",
                 label=lambda v: "imprint" if v == "True" else "no imprint"),
@@ -222,8 +223,10 @@ class PBR(ContinualMethod):
         o = self.opts
         # "old": both softmaxes over the old classes. "all": over every class seen so far (the
         # paper's sum over j in Y), still summed over the old classes only, so the current task's
-        # logits on buffer samples are pushed down as well.
-        cols = old if o.kl_classes == "old" else self.ctx.seen_classes(self.task)
+        # logits on buffer samples are pushed down as well. "head": over every class of the head,
+        # later tasks' too (Y as the label space, the Y the CE's softmax runs over).
+        last = self.task if o.kl_classes == "all" else len(self.ctx.task_classes) - 1
+        cols = old if o.kl_classes == "old" else self.ctx.seen_classes(last)
         with torch.no_grad():
             t_log = F.log_softmax(self.teacher(bx).index_select(1, cols) / o.tau2, 1)
         s_log = F.log_softmax(s_logits.index_select(1, cols) / o.tau2, 1)
