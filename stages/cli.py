@@ -272,24 +272,45 @@ def ui(
         return
     _port_free(port)
     typer.echo(f"open {tracking.ui_link(f'http://127.0.0.1:{port}', exp_id)}   (Ctrl-C ends the UI)", err=True)
-    # The server in a session of its own, stopped by SIGTERM when this command is stopped (Ctrl-C or a
-    # kill): a terminal's Ctrl-C reaching MLflow's workers directly prints a traceback from each.
+    # The server in a session of its own, stopped with SIGTERM whenever this command ends (Ctrl-C, a
+    # kill, a closed terminal; SIGKILL through the kernel's parent-death signal): a terminal's Ctrl-C
+    # reaching MLflow's workers directly prints a traceback from each.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler)
+    warn = ",".join(filter(None, (os.environ.get("PYTHONWARNINGS"), "ignore::DeprecationWarning")))  # MLflow's
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
-                               "--port", str(port)], start_new_session=True,
-                              env={**os.environ, "PYTHONWARNINGS": "ignore::DeprecationWarning"})  # MLflow's, not ours
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+                               "--port", str(port)], start_new_session=True, preexec_fn=_ends_with_parent,
+                              env={**os.environ, "PYTHONWARNINGS": warn})
     try:
         if server.wait():
-            raise UserError(f"MLflow's UI server stopped (exit {server.returncode}); its lines above say why (a port "
-                            f"in use: pbr ui --port N)")
+            raise UserError(f"MLflow's UI server stopped (exit {server.returncode}); its lines above say why")
     except KeyboardInterrupt:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        _stop(server)
         typer.echo("MLflow UI stopped", err=True)
+    finally:
+        _stop(server)
+
+
+def _ends_with_parent() -> None:
+    """In the server's process before it starts (Linux): the kernel sends it SIGTERM when pbr ui dies,
+    even by SIGKILL."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _stop(server) -> None:
+    import subprocess
+
+    if server.poll() is not None:
+        return
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):  # stuck, or a second Ctrl-C: no more waiting
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
 
 
 def _port_free(port: int) -> None:

@@ -136,3 +136,43 @@ def test_kill_during_score_resumes_at_the_next_task(tmp_path, finished, records_
     assert not list((repo / ".pbr/resume").rglob("score_*.npz"))  # a complete scoring keeps nothing there
     assert "up to date" in dvc(repo, "status").stdout
     assert _statuses(records_to_files) == ["FINISHED", "KILLED"]
+
+
+def test_a_killed_pbr_ui_takes_its_server_with_it(tmp_path):
+    """`pbr ui` runs MLflow's server in a session of its own (so a terminal's Ctrl-C does not reach its
+    workers); SIGKILL of pbr ui, which no handler sees, still ends the server: the port closes."""
+    import time
+    import urllib.request
+
+    from mlflow import MlflowClient
+
+    from project import NO_SERVER_JOBS, free_port
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(uri).create_experiment("pbr")
+    port = free_port()
+    ui = subprocess.Popen([str(BIN / "pbr"), "ui", "--port", str(port)], cwd=tmp_path, text=True,
+                          env={**env(), **NO_SERVER_JOBS, "MLFLOW_TRACKING_URI": uri},
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def answers():
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return True
+        except OSError:
+            return False
+
+    try:
+        deadline = time.time() + 120
+        while not answers():
+            assert ui.poll() is None and time.time() < deadline, "the UI server did not start"
+            time.sleep(0.5)
+        ui.kill()
+        ui.wait(timeout=10)
+        deadline = time.time() + 30
+        while answers():
+            assert time.time() < deadline, "the server outlived its pbr ui"
+            time.sleep(0.5)
+    finally:
+        ui.kill()
+        subprocess.run(["pkill", "-f", f"mlflow ui .*--port {port}"], check=False)
