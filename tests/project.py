@@ -108,12 +108,14 @@ NO_SERVER_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 def assert_links_this_execution(tags: dict, repo: Path) -> None:
     """A finished run's dvc.md5.* tags are the md5s dvc.lock holds after its execution, for the stages
-    before evaluate; evaluate's own outputs are not tagged (while it runs the lock holds an earlier
-    execution's)."""
+    evaluate reads (prepare, train); the others are not tagged (while evaluate runs, their lock entries
+    may be an earlier execution's)."""
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    assert {"prepare", "train", "score", "evaluate"} <= set(lock)
     for stage, entry in lock.items():
         for out in entry.get("outs", []):
-            assert tags.get(f"dvc.md5.{out['path']}") == (out["md5"] if stage != "evaluate" else None), (stage, out)
+            want = out["md5"] if stage in ("prepare", "train") else None
+            assert tags.get(f"dvc.md5.{out['path']}") == want, (stage, out)
 
 
 def free_port() -> int:

@@ -39,16 +39,18 @@ def _buffer_hist(path, n_classes: int, has_buffer: bool) -> list[int]:
 
 
 def dvc_lock_hashes(lock_path=paths.DVC_LOCK) -> dict[str, str]:
-    """md5 of the outputs of the stages before this one, as dvc.lock records them: how MLflow links to
-    models, buffers and shards. Not evaluate's own: while it runs, the lock holds an earlier
-    execution's (DVC records this one's after the stage ends)."""
+    """md5 of every output of the stages whose outputs this stage reads (the prepared data, the trained
+    models and buffers), as dvc.lock records them: how MLflow links to them. DVC runs and records
+    those before this stage; any other stage's entry (score's, this stage's own) may be an earlier
+    execution's while this one runs."""
     import yaml
 
     if not lock_path.is_file():
         return {}
     lock = yaml.safe_load(lock_path.read_text()) or {}
-    return {f"dvc.md5.{o['path']}": o.get("md5", "") for name, st in (lock.get("stages") or {}).items()
-            if name != "evaluate" for o in st.get("outs", []) or []}
+    reads = {paths.PREPARED.as_posix(), paths.TRAIN.as_posix()}
+    return {f"dvc.md5.{o['path']}": o.get("md5", "") for st in (lock.get("stages") or {}).values()
+            if any(o["path"] in reads for o in st.get("outs", []) or []) for o in st["outs"]}
 
 
 def run(cfg, log=print, tracker=None) -> dict:
