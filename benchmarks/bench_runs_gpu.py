@@ -118,23 +118,29 @@ def carried(source: Path, dest: Path) -> dict:
     return {k: v for k, v in json.loads(manifest.read_text())["params"].items() if k not in ("root", "download")}
 
 
-def settings(params: dict, pairs: list[str]) -> dict:
-    """`params` with each KEY=VALUE of --set (VALUE read as YAML, as `dvc exp run -S` reads it); a key
-    params.yaml does not have is refused, so a typo cannot pass as a measured setting."""
-    import yaml
+CALL_KEYS = ("train.compile", "train.device", "train.epochs", "model.width", "seed")  # the call's options
 
-    from stages.experiments.sweep import _merged
 
-    over, missing = {}, object()
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        d = params
-        for part in key.split("."):
-            d = d.get(part, missing) if isinstance(d, dict) else missing
-        if not sep or d is missing or isinstance(d, dict):
-            raise SystemExit(f"--set {pair}: give KEY=VALUE with KEY a setting of params.yaml (train.precision=bf16)")
-        over[key] = yaml.safe_load(value)
-    return _merged(params, over)
+def settings(pairs: list[str], rows: str, seeds: list[int]) -> dict:
+    """--set as {key: value}, values read as YAML (as `dvc exp run -S`), each run's params validated as
+    `pbr sweep -S` validates them. Refused, so that what the meta records is what ran: a key the call's
+    own options set (--width, --epochs, --device, the phases' compile, the seeds), one a row sets, and
+    data.* (the runs train on the prepared data as it is)."""
+    from pbr.errors import UserError
+    from stages.experiments.sweep import parse_assignments, plan
+
+    try:
+        over = parse_assignments(pairs, "--set")
+        runs = plan("fidelity", seeds, {}, {"row": rows.split(",")}, ROOT / "params.yaml", "full")
+        by_rows = {k for r in runs for k in r.overrides}
+        for key in over:
+            if key in CALL_KEYS or key.startswith("data.") or key in by_rows:
+                raise UserError(f"--set {key}: the call sets it (its options, the rows or the prepared data); "
+                                "give it through the call's own options, or leave it")
+        plan("fidelity", seeds, over, {"row": rows.split(",")}, ROOT / "params.yaml", "full")  # validates
+    except UserError as e:
+        raise SystemExit(str(e)) from None
+    return over
 
 
 def pack(journal_dir: Path, out: Path) -> None:
@@ -290,9 +296,12 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     if a.child:
         return child(a.child)
-    from stages.experiments.sweep import parse_seeds, plan
+    from stages.experiments.sweep import _merged, parse_seeds, plan
     from stages.runtime import mps
 
+    rows = a.rows.split(",")
+    seeds = parse_seeds(a.seeds) if a.seeds else list(range(max(a.mps_runs, a.off_runs) // len(rows) + 1))
+    over = settings(a.set, a.rows, seeds)  # before anything is prepared: a bad --set costs no device time
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     from stages.runtime import journal
@@ -319,11 +328,9 @@ def main() -> None:
         base = Path(tmp)
         env["MLFLOW_TRACKING_URI"] = journal.uri(base / "journal")
         t = time.time()
-        params = settings(prepare(base, a), a.set)
+        params = _merged(prepare(base, a), over)
         result["meta"]["set"] = a.set
         result["meta"]["prepare_s"] = round(time.time() - t, 1)
-        rows = a.rows.split(",")
-        seeds = parse_seeds(a.seeds) if a.seeds else list(range(max(a.mps_runs, a.off_runs) // len(rows) + 1))
         grid = plan("fidelity", seeds, {}, {"row": rows}, ROOT / "params.yaml", "full")
         by_seed = sorted(grid, key=lambda r: (r.overrides["seed"], r.name))
         phases = {"mps": (a.mps_runs, "mps", False), "off": (a.off_runs, "off", False),

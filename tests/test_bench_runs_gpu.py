@@ -27,16 +27,23 @@ def test_graphs_against_eager_by_hand():
     assert got["fid-er-lr0.1"] == {"seeds": [0], "eager": [40.0], "graphs": [43.0], "mean_diff": 3.0, "eager_std": 0.0}
 
 
-def test_set_reads_values_as_yaml_and_refuses_a_key_params_yaml_lacks():
-    import yaml
-
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    got = bench.settings(params, ["train.precision=bf16", "train.channels_last=true", "model.width=32"])
-    assert (got["train"]["precision"], got["train"]["channels_last"], got["model"]["width"]) == ("bf16", True, 32)
-    assert params["train"]["precision"] == "auto"  # the call's base params are not changed in place
-    for bad in ("train.precison=bf16", "train=bf16", "train.precision", "nosuch.key=1"):
-        with pytest.raises(SystemExit, match=f"--set {bad}: give KEY=VALUE"):
-            bench.settings(params, [bad])
+def test_set_reads_values_as_yaml_and_refuses_what_would_not_run_as_recorded():
+    got = bench.settings(["train.precision=bf16", "train.channels_last=true", "method.pbr.tau1=0.5"], "pbr,er-lr0.1",
+                         [0, 1])
+    assert got == {"train.precision": "bf16", "train.channels_last": True, "method.pbr.tau1": 0.5}
+    refused = {
+        "train.precison=bf16": "train.precison",  # a typo: no such key
+        "train.precision=bf17": "train.precision",  # no such value
+        "train.precision": "key=value",
+        "model.width=32": "the call sets it",  # --width's
+        "train.compile=true": "the call sets it",  # the phases'
+        "seed=5": "the call sets it",  # --seeds'
+        "method.buffer_size=500": "the call sets it",  # the rows'
+        "data.imbalance_ratio=0.1": "the call sets it",  # the prepared data's
+    }
+    for bad, says in refused.items():
+        with pytest.raises(SystemExit, match=says):
+            bench.settings([bad], "pbr,er-lr0.1", [0])
 
 
 def test_a_packed_prepared_folder_unpacks_with_its_data_settings(tmp_path):
