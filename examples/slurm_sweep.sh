@@ -28,7 +28,16 @@ JOBS=${JOBS:-4}           # runs at once on this machine (4 saturate one H200: d
 BRANCH=${BRANCH:-main}    # every task must plan from the same commit, params.yaml and options
 SWEEP_ARGS=${SWEEP_ARGS:-}  # more options for every task alike, e.g. "--budget proxy -S data.root=/shared/data"
 K=$SLURM_ARRAY_TASK_ID
-N=${SHARDS:-${SLURM_ARRAY_TASK_COUNT:?}}  # SHARDS: the array's size when one task is submitted alone
+N=${SLURM_ARRAY_TASK_COUNT:?}
+if [ -n "${SHARDS:-}" ] && [ "$SHARDS" != "$N" ]; then  # one task submitted alone: SLURM counts an array of one
+  if [ "$N" != 1 ]; then
+    echo "SHARDS=$SHARDS but this array has $N tasks: unset SHARDS (it is for one task submitted alone)" >&2; exit 2
+  fi
+  N=$SHARDS
+fi
+if [ "$K" -lt 1 ] || [ "$K" -gt "$N" ]; then
+  echo "array task $K of $N: submit --array=1-$N (or one task K <= N alone with SHARDS=N)" >&2; exit 2
+fi
 WORK=${WORK:-${SCRATCH:-$HOME}/pbr-sweep}/$GRID-shard-$K-of-$N
 
 if [ ! -d "$WORK/.git" ]; then
