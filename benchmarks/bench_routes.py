@@ -452,6 +452,11 @@ class Routes:
                 f"{res['cudagraph_skips']} CUDA-graph skips" + (f"; {skipped[0]}" if skipped else ""))
         self.record("compile", variant, max(n_lanes, 1), step_s=res["step_s"], note=note)
 
+    @staticmethod
+    def variant(n_lanes, graphs, fmt):
+        """A process row's label, measured or skipped alike."""
+        return (f"er step (bench_parallel) {fmt}" + (", graphs" if graphs else "")) if not n_lanes else "fp32+data batched"
+
     def windows(self, route, n_procs, n_lanes=0, env=None, graphs=False, fmt="fp32"):
         """N children over one timed window: bench_parallel's ER step (n_lanes 0; its network compiled
         with CUDA graphs if `graphs`; `fmt` fp32, bf16, fp32+cl or bf16+cl: train.precision and
@@ -460,7 +465,7 @@ class Routes:
         warmup = max(a.proc_warmup, a.graphs_warmup) if graphs else a.proc_warmup
         need = warmup + a.window + 10
         if self.left() < need:
-            return self.record(route, f"er step {fmt}" if not n_lanes else "fp32+data batched", max(n_lanes, 1), n_procs,
+            return self.record(route, self.variant(n_lanes, graphs, fmt), max(n_lanes, 1), n_procs,
                                status="skipped", note="budget spent")
         if self.dev.type == "cuda":
             self.torch.cuda.empty_cache()
@@ -486,7 +491,7 @@ class Routes:
                 out, err = p.communicate()
             res = _last_json(out)
             (results.append(res) if res and p.returncode == 0 else errors.append(_why(err, p.returncode)))
-        variant = (f"er step (bench_parallel) {fmt}" + (", graphs" if graphs else "")) if not n_lanes else "fp32+data batched"
+        variant = self.variant(n_lanes, graphs, fmt)
         if errors:
             return self.record(route, variant, max(n_lanes, 1), n_procs, status="failed",
                                note=f"{len(errors)} of {n_procs} children failed: {errors[0]}")
@@ -553,7 +558,7 @@ def main() -> None:
         a.steps, a.repeats, a.warmup, a.window, a.proc_warmup = 2, 3, 1, 1.5, 25
         a.processes, a.mps_processes = "2", "2"
     routes = a.routes.split(",")
-    formats = a.process_formats.split(",")
+    formats = list(dict.fromkeys(a.process_formats.split(",")))  # in the order given, each once
     if set(formats) - FORMATS:
         sys.exit(f"--process-formats: unknown {sorted(set(formats) - FORMATS)}; choose from {','.join(sorted(FORMATS))}")
     unknown = set(routes) - set(ROUTES)

@@ -184,6 +184,9 @@ def test_bf16_lanes_run_the_convolutions_in_bf16_and_keep_fp32_state():
     with spy:
         got = step(lanes, sgd(lanes, lr=0.1), x, y)
     assert spy.seen and {(s[0], s[2]) for s in spy.seen} == {(torch.bfloat16, torch.bfloat16)}
+    # The classifier stays fp32, as a single run's head under bf16 autocast (pbr.models.heads): its
+    # parameters are not cast, so the logits arrive in fp32.
+    assert lanes(x).dtype == torch.float32
     want = Lanes(nets).losses(x, y).detach()
     torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
     sd = lanes.lane_state_dict(0)

@@ -3,8 +3,9 @@
 Loss at task c on a current batch and a buffer batch:
   CE(logits / tau1) over current and buffer samples                       (boundary constraint)
   + alpha * KL(p_old || p_new) on buffer samples at tau2, summed over the old classes, the
-    softmaxes taken over the old classes (kl_classes=old) or all classes seen so far (all, the
-    paper's equation); p_old from the frozen model of the end of task c-1
+    softmaxes taken over the old classes (kl_classes=old), all classes seen so far (all, the
+    paper preset's reading of its equation) or every class of the head (head); p_old from the
+    frozen model of the end of task c-1
   + beta * sum_i ||w_hat_i - w_hat_i*|| over old classes                  (prototype constraint)
 At the end of each task: MC-dropout mutual information of every training sample, then the
 uncertainty-guided reservoir walk fills the buffer. Each open reading of the paper is an option;

@@ -47,6 +47,7 @@ from torch import nn
 
 from pbr.memory.herding import ClassHerding
 from pbr.methods.base import ContinualMethod, Setting, non_negative, positive
+from pbr.models.heads import without_autocast
 
 SETTINGS = (
     Setting("pod_spatial", float, 3.0, "PODNet: weight of the POD-spatial distillation", non_negative, "a number >= 0"),
@@ -78,7 +79,7 @@ class LSC(nn.Module):
         self.weight = nn.Parameter(torch.randn(n_classes * proxies, dim) / math.sqrt(dim))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(h.device.type, enabled=False):  # in fp32, as pbr.models.heads' classifiers
+        with without_autocast(h.device.type):  # in fp32, as pbr.models.heads' classifiers
             s = (F.normalize(h.to(self.weight.dtype), dim=1) @ F.normalize(self.weight, dim=1).T).view(h.shape[0], self.n_classes,
                                                                                        self.proxies)
             return (F.softmax(s, dim=2) * s).sum(2)

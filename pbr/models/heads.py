@@ -4,6 +4,7 @@ backbone only once (see pbr.uncertainty)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -19,6 +20,13 @@ def reset_linear_(weight: torch.Tensor, bias: torch.Tensor | None, generator: to
             fan_in = weight[0].numel()
             bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
             nn.init.uniform_(bias, -bound, bound, generator=generator)
+
+
+def without_autocast(device_type: str):
+    """autocast turned off for a block where it is on; nothing to undo elsewhere (a meta tensor has none)."""
+    if device_type != "meta" and torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 class Head(nn.Module):
@@ -49,7 +57,7 @@ class Head(nn.Module):
         # In fp32 under bf16 autocast too (the backbone stays bf16): the losses scale the logits (s /
         # tau1 = 100 in the paper's reading), and bf16's 8-bit mantissa would put errors of up to 0.7
         # on them, 6% on a softmax probability (docs/method.md, "bf16"). The layer is tiny.
-        with torch.autocast(f.device.type, enabled=False):
+        with without_autocast(f.device.type):
             z = F.dropout(self.embed(f.to(self.weight.dtype)), self.p, training=self.training or mc)
             return self.project(z)
 
