@@ -200,3 +200,44 @@ def test_stopping_a_run_interrupts_its_stage_not_only_its_shell(tmp_path):
     offline._stop([proc])
     assert proc.returncode is not None and said.read_text() == f"{pid} started interrupted"
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+
+
+def test_a_killed_sweep_stops_its_runs_and_records_them_killed(tmp_path):
+    """`kill` (SIGTERM) of `pbr sweep --offline` stops it as Ctrl-C does: its runs, each in a session of
+    its own, are interrupted (not left running on their own) and their records say KILLED."""
+    fakedata.write_cifar(tmp_path / "raw", 10, 40, 6)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["data"].update(root=str(tmp_path / "raw"), download=False)
+    params["model"]["width"] = 4
+    params["train"].update(device="cpu", precision="fp32", threads=1)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    out = tmp_path / "offline"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "stages.cli", "sweep", "fidelity", "--budget", "quick", "--seeds", "1",
+         "--only", "row=er-lr0.1", "-S", "train.epochs=500", "-S", "data.imbalance_ratio=0.5",
+         "-S", "method.buffer_size=10", "--offline", str(out), "--jobs", "1"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while not any("task 1/5 epoch" in f.read_text() for f in out.glob("runs/*/run.log")):
+            assert sweep.poll() is None and time.time() < deadline, sweep.communicate()[1][-2000:]
+            time.sleep(0.2)
+        sweep.terminate()
+        _, err = sweep.communicate(timeout=120)
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGKILL)
+    assert sweep.returncode == 130, err[-2000:]  # as Ctrl-C ends it
+    # Nothing of the run is left going: no process works in its folder.
+    run_dir = str(out / "runs")
+    for proc in Path("/proc").iterdir():
+        try:
+            assert not os.readlink(proc / "cwd").startswith(run_dir), (proc / "cmdline").read_bytes()
+        except (FileNotFoundError, PermissionError, NotADirectoryError, ProcessLookupError):
+            continue
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    [run] = client.search_runs([client.get_experiment_by_name("pbr").experiment_id])
+    assert run.info.status == "KILLED"

@@ -192,6 +192,21 @@ def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _stopped_by_kill() -> dict:
+    """SIGTERM (`kill`) and SIGHUP (a closed terminal) stop the sweep as Ctrl-C does, its runs with it:
+    they run in sessions of their own, so by default they would outlive it. Only where the signal has
+    its default action (`nohup` keeps SIGHUP ignored) and in the main thread. Returns what to restore."""
+    import threading
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)
+            if signal.getsignal(sig) == signal.SIG_DFL}
+
+
 def _stop(procs: list[subprocess.Popen]) -> None:
     """Interrupt the runs still going (their stages record the run KILLED and exit; the next call
     resumes them from their finished tasks), and wait for them."""
@@ -268,6 +283,7 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
         _prepared(out, _params(base, r.overrides), {**env, "DVC_EXP_NAME": r.name}, log)
     skipped, done, failed = len(runs) - len(todo), 0, []
     live: dict[str, tuple[Any, subprocess.Popen, float]] = {}
+    stopping = _stopped_by_kill()
     try:
         while todo or live:
             while todo and len(live) < jobs:
@@ -287,8 +303,10 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
                     done += 1
                     log(f"done {name} in {time.time() - t0:.0f} s: Class-IL {m['class_il']['acc']:.2f}, "
                         f"Task-IL {m['task_il']['acc']:.2f}")
-    finally:  # Ctrl-C, or an error of the sweep's own: the runs it started stop with it
+    finally:  # Ctrl-C, a kill, or an error of the sweep's own: the runs it started stop with it
         _stop([proc for _, proc, _ in live.values()])
+        for sig, handler in stopping.items():
+            signal.signal(sig, handler)
     log(f"{done} run{'s' * (done != 1)} finished, {skipped} already done, {len(failed)} failed; records in "
         f"{records}: copy {out} to the project and run `pbr import {out}`")
     return done, skipped, failed
