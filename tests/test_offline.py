@@ -26,13 +26,18 @@ def _pbr(*args, cwd, env):
                           text=True, timeout=600)
 
 
-def test_an_offline_sweep_runs_records_resumes_and_imports(tmp_path, pbr_main):
+def _small_project(tmp_path):
+    """params.yaml and raw data in CIFAR-10's format, small enough for a width-4 run on a CPU."""
     fakedata.write_cifar(tmp_path / "raw", 10, 40, 6)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["data"].update(root=str(tmp_path / "raw"), download=False)
     params["model"]["width"] = 4
     params["train"].update(device="cpu", precision="fp32", threads=1)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+
+
+def test_an_offline_sweep_runs_records_resumes_and_imports(tmp_path, pbr_main):
+    _small_project(tmp_path)
     out, store = tmp_path / "offline", tmp_path / "project.db"
     # As on a GPU box's bare image: MLflow cannot be imported by the sweep nor by its runs.
     blocked = tmp_path / "no-mlflow"
@@ -205,12 +210,7 @@ def test_stopping_a_run_interrupts_its_stage_not_only_its_shell(tmp_path):
 def test_a_killed_sweep_stops_its_runs_and_records_them_killed(tmp_path):
     """`kill` (SIGTERM) of `pbr sweep --offline` stops it as Ctrl-C does: its runs, each in a session of
     its own, are interrupted (not left running on their own) and their records say KILLED."""
-    fakedata.write_cifar(tmp_path / "raw", 10, 40, 6)
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["data"].update(root=str(tmp_path / "raw"), download=False)
-    params["model"]["width"] = 4
-    params["train"].update(device="cpu", precision="fp32", threads=1)
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    _small_project(tmp_path)
     out = tmp_path / "offline"
     sweep = subprocess.Popen(
         [sys.executable, "-m", "stages.cli", "sweep", "fidelity", "--budget", "quick", "--seeds", "1",
