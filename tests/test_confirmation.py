@@ -128,3 +128,26 @@ def test_a_store_without_runs_says_to_run_the_confirmation_again(tmp_path):
     with pytest.raises(UserError) as e:
         confirmation.run(f"sqlite:///{tmp_path}/mlflow.db", which="outliers")
     assert "No finished pipeline runs" in str(e.value) and str(e.value).endswith("then run `pbr confirm outliers` again.")
+
+
+def test_holm_counts_every_planned_comparison_and_other_cells_stay_out():
+    """C4 down to one seed and C5 to none still count in Holm's family of five (as p = 1), and a
+    10-task stream's PBR runs, another cell, do not replace the 5-task ones."""
+    keep = [r for r in _runs() if not (r.run_id.startswith("er-lr0.1") and r.run_id != "er-lr0.1-100")
+            and not r.run_id.startswith("pbr-literal")]
+    keep += [RunRecord(f"ten-{seed}", {**BASE, **ROWS["pbr"][0], "data.n_tasks": "10", "seed": str(seed)},
+                       {"class_il.acc": 0.0}, 0, {"pbr.device": "cpu"}) for seed in (100, 101, 102)]
+    comps = {c.name: c for c in confirmation.compare(report.group_runs(keep)[0])}
+    assert comps["C1"].diffs == [2.0, 4.0, 6.0] and (comps["C4"].n, comps["C5"].n) == (1, 0)
+    # p sorted: C2 (0), C3, C1, then C4 and C5 at 1: factors 5, 4, 3.
+    assert comps["C3"].holm == pytest.approx(4 * _p2(11, 1))
+    assert comps["C1"].holm == pytest.approx(3 * _p2(4, 2))
+    assert math.isnan(comps["C4"].holm) and math.isnan(comps["C5"].p)
+
+
+def test_the_table_prints_the_notes_of_runs_averaged_together():
+    runs = _runs() + [RunRecord("pbr-100-threads", {**BASE, **ROWS["pbr"][0], "seed": "100", "train.threads": "2"},
+                                {"class_il.acc": 60.0, "task_il.acc": 80.0}, 1, {"pbr.device": "cpu"})]
+    text = confirmation.render(report.group_runs(runs)[0])
+    assert "| PBR | `pbr` | 3 | 53.67 ± 1.53 |" in text  # seeds: (50 + 60) / 2, 52, 54
+    assert re.search(r"- note: .*differ in train\.threads", text)

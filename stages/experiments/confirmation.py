@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from stages.experiments import report
 
 CELL = {"budget": "proxy", "setting": "ordered", "imbalance_ratio": 0.01, "dataset": "cifar10",
-        "buffer_size": 200, "device": "cpu", "precision": "fp32"}
+        "n_tasks": 5, "buffer_size": 200, "device": "cpu", "precision": "fp32"}
 
 
 @dataclass(frozen=True)
@@ -102,13 +102,19 @@ def holm(ps: list[float]) -> list[float]:
     return out
 
 
+def cell_groups(groups: list[report.Group], plan: Plan = FIRST) -> dict[str, report.Group]:
+    """The group of each plan row in the confirmation's cell (CELL holds every key of a group but
+    the row, so a row has one group at most)."""
+    return {g.method: g for g in groups
+            if g.method in plan.rows and all(getattr(g, k) == v for k, v in CELL.items())}
+
+
 def rows_by_seed(groups: list[report.Group], mode: str = "class_il", metric: str = "acc",
                  plan: Plan = FIRST) -> dict[str, dict[str, float]]:
     """Each row's value per confirmation seed, from the groups of the confirmation's cell."""
     out: dict[str, dict[str, float]] = {label: {} for label in plan.rows}
-    for g in groups:
-        if g.method in plan.rows and all(getattr(g, k) == v for k, v in CELL.items()):
-            out[g.method] = {s: v for s, v in g.by_seed(mode, metric).items() if s in plan.seeds}
+    for label, g in cell_groups(groups, plan).items():
+        out[label] = {s: v for s, v in g.by_seed(mode, metric).items() if s in plan.seeds}
     return out
 
 
@@ -118,9 +124,12 @@ def compare(groups: list[report.Group], plan: Plan = FIRST) -> list[Comparison]:
     for name, a, b, claim in plan.comparisons:
         seeds = sorted(rows[a].keys() & rows[b].keys(), key=int)
         out.append(Comparison(name, a, b, claim, [rows[a][s] - rows[b][s] for s in seeds]))
-    done = [c for c in out if c.n >= 2]
-    for c, p in zip(done, holm([paired_p(c.diffs) for c in done])):
-        c.p, c.holm = paired_p(c.diffs), p
+    # The family is every comparison of the plan, as pre-registered: one without two pairs yet
+    # counts with p = 1, so a missing comparison never makes the others' adjustment milder.
+    ps = [paired_p(c.diffs) if c.n >= 2 else 1.0 for c in out]
+    for c, p, adjusted in zip(out, ps, holm(ps)):
+        if c.n >= 2:
+            c.p, c.holm = p, adjusted
     return out
 
 
@@ -146,6 +155,9 @@ def render(groups: list[report.Group], plan: Plan = FIRST) -> str:
         low, high = c.interval()
         lines.append(f"| {c.name} | {c.a} - {c.b} | {c.n} | {c.mean:+.2f} | [{low:+.2f}, {high:+.2f}] | "
                      f"{c.p:.3g} | {c.holm:.3g} | {c.verdict()} | {c.claim} |")
+    notes = [note for g in cell_groups(groups, plan).values() for note in g.notes]
+    if notes:
+        lines += [""] + [f"- note: {note}" for note in notes]
     if any(c.n < len(plan.seeds) for c in comps):
         lines += ["", f"INCOMPLETE: the plan is n = {len(plan.seeds)} for every comparison; until then these are "
                       "progress figures, not the pre-registered verdicts."]
