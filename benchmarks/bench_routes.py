@@ -51,6 +51,7 @@ import copy
 import importlib.util
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -498,7 +499,7 @@ class Routes:
         late = sum(r["late"] for r in results)
         if late:  # a late child timed a window the others had left: the sum would mean nothing
             return self.record(route, variant, max(n_lanes, 1), n_procs, status="failed",
-                               note=f"{late} of {n_procs} started late: raise --proc-warmup")
+                               note=f"{late} of {n_procs} started late: raise " + ("--graphs-warmup" if graphs else "--proc-warmup"))
         self.record(route, variant, max(n_lanes, 1), n_procs, img_s=sum(r["img_s"] for r in results),
                     note="summed over the processes")
 
@@ -552,6 +553,8 @@ def main() -> None:
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if a.child:
         return child(a)
+    # Stopped at the call's limit (SIGTERM), it unwinds as Ctrl-C does: the MPS daemon it started quits.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     a.lanes = [int(k) for k in a.lanes.split(",")]
     if a.quick:
         a.lanes = [n for n in a.lanes if n <= 4] or [1, 2]

@@ -18,17 +18,22 @@ ordered, IR 0.01, params.yaml's defaults but `--epochs` a task, the fidelity gri
   mps-graphs  as mps, with `train.compile: graphs` (the network as CUDA graphs): the combination
               most likely to approach 120 runs an hour (docs/gpu.md)
 
-Each phase runs to completion; its runs/hour is runs x 3600 / wall seconds at this budget, and
-scaled to the full protocol's 50 epochs a task by x epochs / 50: an underestimate, since a run's
-fixed costs (start, data loading, each task's evaluation and PBR's MC-dropout scoring) do not
-grow with the epochs. A seed that ran in both phases must give the same accuracy rows (MPS runs
+Each phase runs to completion; its runs/hour is given two ways (`rates`): runs x 3600 / wall
+seconds (a lower bound for a sweep, which refills the slots its first runs leave) and runs at once x
+3600 / the runs' mean time; each is scaled to the full protocol's 50 epochs a task by x epochs / 50
+(an underestimate where the epochs are fewer: a run's start, data loading, evaluation and PBR's
+MC-dropout scoring do not shrink with them). The MPS phases run time-slicing where MPS does not
+start, and their rows say so. A seed that ran in both phases must give the same accuracy rows (MPS runs
 each process's own kernels); any difference is printed. The data are CIFAR-10's exact format and
 size with random pixels (the archive cannot travel to the GPU machine): speed, not accuracy. With
 --prepared the runs train on a data set `pbr prepare` wrote (its folder, or a .tar.xz of it: the
 real Seq-CIFAR-10-LT is 69 MB, over a call's 64 MiB, and 51 MB packed), and the final Class-IL of
 each seed in mps and mps-graphs is compared against the spread of the eager seeds.
-Results go to --out as runs_gpu.json and runs_gpu.md; each run's log goes to --out/logs as it runs
-(its per-task accuracies), so a call cut short still shows how far its runs came. The runs' records
+Results go to --out as runs_gpu.json and runs_gpu.md, rewritten as each run ends (each run with its
+end time); every run's log lines go to --out/runs.log as they come, prefixed with the phase and the
+run (its per-task accuracies), so a call cut short, or stopped by SIGTERM (its runs stopped, the MPS
+daemon quit), still shows how far its runs came: a device call brings back eight files, and this
+writes four. The runs' records
 go to --out/journal.tar.gz, repacked as each run ends: `tar -xzf journal.tar.gz && pbr import
 journal` makes them runs of the project's store, which `pbr report` shows on rows of their own
 ("Ran on cuda"). Give the commit the code is at as PBR_GIT_COMMIT where the copy has no .git.
@@ -39,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -169,42 +175,94 @@ def pack(journal_dir: Path, out: Path) -> None:
     tmp.replace(out / "journal.tar.gz")
 
 
-def phase(name: str, base: Path, params: dict, runs: list, env: dict, logs: Path, out: Path) -> dict:
+class Relay:
+    """The runs' logs as one file under --out (a call brings back eight files at most): each run's
+    new lines, prefixed with its name, appended as they come, so a call cut short still shows how
+    far every run came."""
+
+    def __init__(self, path: Path):
+        self.path, self.read = path, {}
+
+    def __call__(self, name: str, log: Path) -> None:
+        with open(log, "rb") as f:
+            f.seek(self.read.get(log, 0))
+            data = f.read()
+        done = data[:data.rfind(b"\n") + 1]  # whole lines only: the rest comes with the next call
+        self.read[log] = self.read.get(log, 0) + len(done)
+        if done:
+            with open(self.path, "a") as out:
+                out.writelines(f"{name} {line}\n" for line in done.decode(errors="replace").splitlines())
+
+
+def phase(name: str, base: Path, params: dict, runs: list, env: dict, relay: Relay, out: Path,
+          progress=lambda results, elapsed: None) -> dict:
+    """The runs at once, each to its end; `progress` hears of every run that ends (its result carries
+    `end_s`, its seconds since the phase began), so a call killed at its limit keeps what finished."""
     import yaml
 
     from stages.experiments.sweep import _merged
 
     procs = {}
     t0 = time.time()
-    for r in runs:
-        d = base / name / r.name
-        (d / "data").mkdir(parents=True)
-        (d / "data" / "prepared").symlink_to(base / "data" / "prepared")
-        (d / "params.yaml").write_text(yaml.safe_dump(_merged(params, r.overrides), sort_keys=False))
-        (logs / name).mkdir(parents=True, exist_ok=True)
-        # Its result line to a file of its own: a pipe left unread while other runs are watched could fill.
-        with open(logs / name / f"{r.name}.log", "w") as log, open(d / "result.out", "w") as res:
-            procs[r.name] = (d, subprocess.Popen([sys.executable, __file__, "--child", str(d)], env=env, stdout=res,
-                                                 stderr=log))
-    results = {}
-    while procs:
-        time.sleep(1.0)
-        ended = [k for k, (_, p) in procs.items() if p.poll() is not None]
-        for k in ended:
-            d, p = procs.pop(k)
-            text = (d / "result.out").read_text().strip()
-            res = json.loads(text.splitlines()[-1]) if p.returncode == 0 and text else None
-            if res is None:
-                tail = (logs / name / f"{k}.log").read_text().strip().splitlines()[-3:]
-                res = {"failed": f"exit {p.returncode}: " + " | ".join(tail)[-600:]}
-            results[k] = res
-        if ended:  # as each run ends, whichever it is: a call cut short keeps every finished run's record
+    results: dict = {}
+    try:
+        for r in runs:
+            d = base / name / r.name
+            (d / "data").mkdir(parents=True)
+            (d / "data" / "prepared").symlink_to(base / "data" / "prepared")
+            (d / "params.yaml").write_text(yaml.safe_dump(_merged(params, r.overrides), sort_keys=False))
+            # Its result line to a file of its own: a pipe left unread while other runs are watched could fill.
+            with open(d / "run.log", "w") as log, open(d / "result.out", "w") as res:
+                procs[r.name] = (d, subprocess.Popen([sys.executable, __file__, "--child", str(d)], env=env,
+                                                     stdout=res, stderr=log))
+        progress({}, 0.0)
+        while procs:
+            time.sleep(1.0)
+            for k, (d, _) in procs.items():
+                relay(f"{name}/{k}", d / "run.log")
+            ended = [k for k, (_, p) in procs.items() if p.poll() is not None]
+            for k in ended:
+                d, p = procs.pop(k)
+                relay(f"{name}/{k}", d / "run.log")
+                text = (d / "result.out").read_text().strip()
+                res = json.loads(text.splitlines()[-1]) if p.returncode == 0 and text else None
+                if res is None:
+                    tail = (d / "run.log").read_text().strip().splitlines()[-3:]
+                    res = {"failed": f"exit {p.returncode}: " + " | ".join(tail)[-600:]}
+                results[k] = {**res, "end_s": round(time.time() - t0, 1)}
+            if ended:  # as each run ends, whichever it is: a call cut short keeps every finished run's record
+                try:
+                    pack(base / "journal", out)
+                except OSError as e:  # the runs go on; the last archive stays, the next pack tries again
+                    print(f"journal.tar.gz not repacked: {e}", flush=True)
+                progress(dict(results), time.time() - t0)
+    finally:  # stopped (SIGTERM, Ctrl-C) or failed: no run goes on training unwatched
+        if procs:
+            progress(dict(results), time.time() - t0)
+        for _, p in procs.values():
+            p.terminate()
+        for _, p in procs.values():
             try:
-                pack(base / "journal", out)
-            except OSError as e:  # the runs go on; the last archive stays, the next pack tries again
-                print(f"journal.tar.gz not repacked: {e}", flush=True)
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
     results = {r.name: results[r.name] for r in runs}
     return {"runs": results, "wall_s": time.time() - t0}
+
+
+def rates(res: dict, runs_at_once: int, epochs: int) -> None:
+    """A phase's runs/hour: `runs_per_hour`, its finished runs over its wall time (a lower bound for a
+    sweep: once its first runs end the GPU is part-empty), and `slot_runs_per_hour`, runs at once x
+    3600 / the finished runs' mean time (what a sweep keeping every slot busy would approach, if a run
+    took as long beside others of its kind), each also at the full protocol's 50 epochs (x epochs / 50:
+    an underestimate where the epochs are fewer, since a run's fixed costs do not shrink)."""
+    import statistics
+
+    ends = [v["end_s"] for v in res["runs"].values() if "failed" not in v and "end_s" in v]
+    res["runs_per_hour"] = len(ends) * 3600 / res["wall_s"] if ends else 0.0
+    res["slot_runs_per_hour"] = runs_at_once * 3600 / statistics.fmean(ends) if ends else 0.0
+    res["full_protocol_runs_per_hour"] = res["runs_per_hour"] * epochs / FULL_EPOCHS
+    res["full_protocol_slot_runs_per_hour"] = res["slot_runs_per_hour"] * epochs / FULL_EPOCHS
 
 
 def graphs_vs_eager(eager: dict, graphs: dict) -> dict:
@@ -235,23 +293,31 @@ def _replace(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def write(out: Path, result: dict) -> None:
-    """runs_gpu.json and runs_gpu.md as they stand (after every phase: a call cut short keeps them)."""
+def write(out: Path, result: dict, quiet: bool = False) -> None:
+    """runs_gpu.json and runs_gpu.md as they stand (after every run and phase: a call cut short keeps
+    them); printed unless `quiet`."""
     ran = {k: v.get("runs", {}) for k, v in result["phases"].items()}
     both = [k for k in ran.get("off", {}) if k in ran.get("mps", {})]
     result["same_seeds"] = {k: {p: ran[p][k].get("class_il") for p in ran if k in ran[p]} for k in both}
     result["same_rows"] = all(ran["mps"][k].get("class_il_rows") == ran["off"][k].get("class_il_rows") for k in both)
     result["graphs_vs_eager"] = graphs_vs_eager(ran.get("mps", {}), ran.get("mps-graphs", {}))
     _replace(out / "runs_gpu.json", json.dumps(result, indent=1))
-    lines = [f"# whole runs, {result['meta']}", "", "| phase | runs at once | MPS | wall s | runs/hour at this budget | "
-             "full-protocol runs/hour (scaled, an underestimate) |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [f"# whole runs, {result['meta']}", "", "| phase | runs at once | MPS | wall s | runs/hour at this budget: "
+             "over the wall time (a lower bound), slots / mean run time | the same at the full protocol |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for name, res in result["phases"].items():
+        if "running" in res:  # the call ended (or was cut) while this phase ran
+            done = {k: v.get("end_s") for k, v in res["runs"].items()}
+            lines.append(f"| {name} | {res['runs_at_once']} | {res['mps']} | still running after {res['running']:.0f} s;"
+                         f" ended (s): {done} | | |")
+            continue
         if "wall_s" not in res:
             lines.append(f"| {name} | {res['runs_at_once']} | {res['mps']} | {res.get('skipped') or res.get('failed')} | | |")
             continue
         failed = [k for k, v in res["runs"].items() if "failed" in v]
-        lines.append(f"| {name} | {res['runs_at_once']} | {res['mps']} | {res['wall_s']:.0f} | {res['runs_per_hour']:.1f}"
-                     f" | {res['full_protocol_runs_per_hour']:.1f} |" + (f" failed: {failed}" if failed else ""))
+        lines.append(f"| {name} | {res['runs_at_once']} | {res['mps']} | {res['wall_s']:.0f} | {res['runs_per_hour']:.1f}, "
+                     f"{res['slot_runs_per_hour']:.1f} | {res['full_protocol_runs_per_hour']:.1f}, "
+                     f"{res['full_protocol_slot_runs_per_hour']:.1f} |" + (f" failed: {failed}" if failed else ""))
     lines += ["", f"seeds in both mps and off, final Class-IL by phase: {result['same_seeds']}; mps and off rows "
               f"identical: {result['same_rows']}"]
     g = result["graphs_vs_eager"]
@@ -267,7 +333,8 @@ def write(out: Path, result: dict) -> None:
         lines += [f"| {row} | {v['seeds']} | {v['eager']} | {v['graphs']} | {v['mean_diff']:+.2f} | "
                   f"{v['eager_std']:.2f} |" for row, v in g.items()]
     _replace(out / "runs_gpu.md", "\n".join(lines) + "\n")
-    print("\n".join(lines), flush=True)
+    if not quiet:
+        print("\n".join(lines), flush=True)
 
 
 def main() -> None:
@@ -296,6 +363,9 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     if a.child:
         return child(a.child)
+    # A call stopped at its limit (SIGTERM) unwinds as Ctrl-C does: its runs are stopped and the MPS
+    # daemon quits, so the next call finds the GPU as this one found it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from stages.experiments.sweep import _merged, parse_seeds, plan
     from stages.runtime import mps
 
@@ -335,6 +405,7 @@ def main() -> None:
         by_seed = sorted(grid, key=lambda r: (r.overrides["seed"], r.name))
         phases = {"mps": (a.mps_runs, "mps", False), "off": (a.off_runs, "off", False),
                   "mps-graphs": (a.mps_runs, "mps", True)}
+        relay = Relay(out / "runs.log")
         for name in a.phases.split(","):
             n, mode, graphs = phases[name]
             on = a.device == "cuda"
@@ -343,19 +414,29 @@ def main() -> None:
                 write(out, result)
                 continue
             p = {**params, "train": {**params["train"], "compile": "graphs" if graphs else False}}
+            # MPS where it starts (auto): where it does not, the phase runs time-slicing and says so, so a
+            # GPU without MPS still gives the runs and their accuracy.
+            shared = False
+
+            def progress(results, elapsed, name=name, n=n):
+                result["phases"][name] = {"runs": results, "running": elapsed, "runs_at_once": n, "mps": shared,
+                                          "set": a.set}
+                write(out, result, quiet=True)
+
+            child_env = dict(env)
+            if graphs and "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+                # n runs compile at once: inductor's default pool (one worker a core) each would be n x cores.
+                child_env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
             try:
-                with mps.shared(mode if on else "off", on, log=lambda m: print(m, flush=True)) as shared:
-                    res = phase(name, base, p, by_seed[:n], {**env, **{k: os.environ[k] for k in
-                                                                       (mps.PIPE, mps.LOG) if k in os.environ}},
-                                out / "logs", out)
-            except Exception as e:  # MPS refused: recorded, the other phase still runs
+                with mps.shared("auto" if mode == "mps" else "off", on, log=lambda m: print(m, flush=True)) as shared:
+                    res = phase(name, base, p, by_seed[:n], {**child_env, **{k: os.environ[k] for k in
+                                                                             (mps.PIPE, mps.LOG) if k in os.environ}},
+                                relay, out, progress)
+            except Exception as e:  # recorded; the next phase still runs
                 res = {"failed": f"{type(e).__name__}: {e}"}
-                shared = False
             res.update(runs_at_once=n, mps=bool(shared), set=a.set)
             if "wall_s" in res:
-                ok = sum("failed" not in v for v in res["runs"].values())  # a failed run is no run
-                res["runs_per_hour"] = ok * 3600 / res["wall_s"]
-                res["full_protocol_runs_per_hour"] = res["runs_per_hour"] * a.epochs / FULL_EPOCHS
+                rates(res, n, a.epochs)
             result["phases"][name] = res
             write(out, result)
     write(out, result)

@@ -58,7 +58,6 @@ def fit_task(
     return stats
 
 
-@torch.inference_mode()
 def evaluate(
     method: ContinualMethod,
     tests: list[tuple[torch.Tensor, torch.Tensor]],
@@ -68,6 +67,14 @@ def evaluate(
     """Accuracy (%) on every task's test set through the method's own prediction: Class-IL
     (argmax over the classes of tasks 0..seen_tasks-1, no task identity) and Task-IL (argmax over
     the test task's own classes, the task given)."""
+    # Under CUDA graphs, no_grad rather than inference_mode: inference tensors in the graphs' memory
+    # pool break the training graphs recorded after them (pytorch/pytorch#135892).
+    with torch.no_grad() if method.ctx.cuda_graphs else torch.inference_mode():
+        return _evaluate(method, tests, seen_tasks, batch_size)
+
+
+def _evaluate(method: ContinualMethod, tests: list[tuple[torch.Tensor, torch.Tensor]], seen_tasks: int,
+              batch_size: int) -> tuple[list[float], list[float]]:
     ctx = method.ctx
     task_classes, device = ctx.task_classes, ctx.device
     modes = [(m, m.training) for m in method.networks()]
@@ -81,6 +88,8 @@ def evaluate(
         t_correct = torch.zeros((), dtype=torch.int64, device=device)
         for start in range(0, labels.shape[0], batch_size):
             x = ctx.preprocess(images[start:start + batch_size])
+            if ctx.cuda_graphs:  # each batch's scores are read before the next replay
+                torch.compiler.cudagraph_mark_step_begin()
             scores = method.predict(x)
             y = labels[start:start + batch_size]
             if seen_mask is None:

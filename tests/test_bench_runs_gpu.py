@@ -27,6 +27,34 @@ def test_graphs_against_eager_by_hand():
     assert got["fid-er-lr0.1"] == {"seeds": [0], "eager": [40.0], "graphs": [43.0], "mean_diff": 3.0, "eager_std": 0.0}
 
 
+def test_rates_by_hand():
+    """Two of three runs finished (at 100 and 200 s of a 300 s phase, 10 epochs a task)."""
+    res = {"runs": {"a": {"class_il": 1.0, "end_s": 100.0}, "b": {"class_il": 1.0, "end_s": 200.0},
+                    "c": {"failed": "exit 1", "end_s": 300.0}}, "wall_s": 300.0}
+    bench.rates(res, 3, 10)
+    assert res["runs_per_hour"] == pytest.approx(2 * 3600 / 300)  # 24: a failed run is no run
+    assert res["slot_runs_per_hour"] == pytest.approx(3 * 3600 / 150)  # 72: three slots, 150 s a run
+    assert res["full_protocol_runs_per_hour"] == pytest.approx(24 * 10 / 50)
+    assert res["full_protocol_slot_runs_per_hour"] == pytest.approx(72 * 10 / 50)
+
+
+def test_the_relay_appends_whole_lines_of_every_run_once(tmp_path):
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_text("[ 1 s] task 1/5\n[ 2 s] epo")
+    b.write_text("")
+    relay = bench.Relay(tmp_path / "runs.log")
+    relay("mps/pbr-s0", a)
+    relay("mps/er-s0", b)
+    with open(a, "a") as f:
+        f.write("ch 1/4\n")
+    b.write_text("[ 3 s] task 1/5\n")
+    relay("mps/pbr-s0", a)
+    relay("mps/er-s0", b)
+    relay("mps/pbr-s0", a)  # nothing new: nothing appended
+    assert (tmp_path / "runs.log").read_text().splitlines() == [
+        "mps/pbr-s0 [ 1 s] task 1/5", "mps/pbr-s0 [ 2 s] epoch 1/4", "mps/er-s0 [ 3 s] task 1/5"]
+
+
 def test_set_reads_values_as_yaml_and_refuses_what_would_not_run_as_recorded():
     got = bench.settings(["train.precision=bf16", "train.channels_last=true", "method.pbr.tau1=0.5"], "pbr,er-lr0.1",
                          [0, 1])

@@ -151,6 +151,30 @@ def test_evaluation_goes_through_the_methods_own_prediction():
     assert t == [75.0, 50.0]  # the last class of each task: 1 (three of four), 3 (two of four)
 
 
+class _Watched(METHODS["sgd"]):
+    """Records the grad modes each prediction ran in."""
+
+    def predict(self, x, task=None):
+        self.modes.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
+        return super().predict(x, task)
+
+
+def test_evaluation_under_cuda_graphs_makes_no_inference_tensors():
+    """Under `train.compile: graphs` the evaluation runs without grad but outside inference mode
+    (inference tensors in the graphs' memory pool break the training graphs recorded after them),
+    with the same accuracies as the usual inference-mode pass."""
+    method, ctx = _setup("sgd")
+    _run_tasks(method, ctx, n_tasks=1)
+    method = _Watched(method.net, ctx, method.opts)
+    tests = [_task(t, n=16, seed=100) for t in range(2)]
+    got = {}
+    for graphs in (False, True):
+        ctx.cuda_graphs, method.modes = graphs, []
+        got[graphs] = evaluate(method, tests, 1, 5)
+        assert set(method.modes) == {(False, not graphs)} and len(method.modes) == 8
+    assert got[True] == got[False]
+
+
 class _Hooked(METHODS["sgd"]):
     def penalty(self):
         return sum((p ** 2).sum() for p in self.net.parameters()) * 0 + 5.0
