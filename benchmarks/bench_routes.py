@@ -51,7 +51,6 @@ import copy
 import importlib.util
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -59,7 +58,7 @@ import time
 import warnings
 from pathlib import Path
 
-from common import machine, row
+from common import exit_on_sigterm, machine, row
 
 FULL_RUN_CURRENT_IMAGES = 620_000
 FORMATS = {"fp32", "bf16", "fp32+cl", "bf16+cl"}  # --process-formats
@@ -553,8 +552,7 @@ def main() -> None:
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if a.child:
         return child(a)
-    # Stopped at the call's limit (SIGTERM), it unwinds as Ctrl-C does: the MPS daemon it started quits.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    exit_on_sigterm()  # the MPS daemon it started quits
     a.lanes = [int(k) for k in a.lanes.split(",")]
     if a.quick:
         a.lanes = [n for n in a.lanes if n <= 4] or [1, 2]

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -182,16 +181,38 @@ class Relay:
 
     def __init__(self, path: Path):
         self.path, self.read = path, {}
+        path.write_text("")  # this call's runs only
 
-    def __call__(self, name: str, log: Path) -> None:
-        with open(log, "rb") as f:
-            f.seek(self.read.get(log, 0))
-            data = f.read()
-        done = data[:data.rfind(b"\n") + 1]  # whole lines only: the rest comes with the next call
-        self.read[log] = self.read.get(log, 0) + len(done)
-        if done:
-            with open(self.path, "a") as out:
-                out.writelines(f"{name} {line}\n" for line in done.decode(errors="replace").splitlines())
+    def __call__(self, name: str, log: Path, final: bool = False) -> None:
+        """Appends `log`'s new whole lines (`final`: its last line too, with or without a newline);
+        a log that cannot be read or written now is tried again on the next call, not the runs' end."""
+        try:
+            with open(log, "rb") as f:
+                f.seek(self.read.get(log, 0))
+                data = f.read()
+            done = data if final else data[:data.rfind(b"\n") + 1]  # the rest comes with the next call
+            if done:
+                with open(self.path, "a", encoding="utf-8") as out:
+                    out.writelines(f"{name} {line}\n" for line in done.decode(errors="replace").splitlines())
+            self.read[log] = self.read.get(log, 0) + len(done)
+        except OSError as e:
+            print(f"runs.log: {log} not relayed: {e}", flush=True)
+
+
+STOP_GRACE = 10.0  # seconds the runs of a stopped phase get, all together, to end on SIGTERM
+
+
+def stop_all(procs) -> None:
+    """SIGTERM to every process, then SIGKILL to those still alive after one shared grace period."""
+    for p in procs:
+        p.terminate()
+    deadline = time.time() + STOP_GRACE
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def phase(name: str, base: Path, params: dict, runs: list, env: dict, relay: Relay, out: Path,
@@ -205,6 +226,7 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict, relay: Rel
     procs = {}
     t0 = time.time()
     results: dict = {}
+    completed = False
     try:
         for r in runs:
             d = base / name / r.name
@@ -223,7 +245,7 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict, relay: Rel
             ended = [k for k, (_, p) in procs.items() if p.poll() is not None]
             for k in ended:
                 d, p = procs.pop(k)
-                relay(f"{name}/{k}", d / "run.log")
+                relay(f"{name}/{k}", d / "run.log", final=True)
                 text = (d / "result.out").read_text().strip()
                 res = json.loads(text.splitlines()[-1]) if p.returncode == 0 and text else None
                 if res is None:
@@ -236,16 +258,14 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict, relay: Rel
                 except OSError as e:  # the runs go on; the last archive stays, the next pack tries again
                     print(f"journal.tar.gz not repacked: {e}", flush=True)
                 progress(dict(results), time.time() - t0)
-    finally:  # stopped (SIGTERM, Ctrl-C) or failed: no run goes on training unwatched
-        if procs:
-            progress(dict(results), time.time() - t0)
-        for _, p in procs.values():
-            p.terminate()
-        for _, p in procs.values():
+        completed = True
+    finally:  # stopped (SIGTERM, Ctrl-C) or failed: no run goes on training unwatched, then the record
+        if not completed:
+            stop_all([p for _, p in procs.values()])
             try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+                progress(dict(results), time.time() - t0)
+            except Exception as e:  # the exception under way is the one to report
+                print(f"runs_gpu.json not rewritten: {type(e).__name__}: {e}", flush=True)
     results = {r.name: results[r.name] for r in runs}
     return {"runs": results, "wall_s": time.time() - t0}
 
@@ -315,9 +335,12 @@ def write(out: Path, result: dict, quiet: bool = False) -> None:
             lines.append(f"| {name} | {res['runs_at_once']} | {res['mps']} | {res.get('skipped') or res.get('failed')} | | |")
             continue
         failed = [k for k, v in res["runs"].items() if "failed" in v]
+        # The per-slot figures are absent from the records of earlier versions (--merge).
+        slot, full_slot = (f"{res[k]:.1f}" if k in res else "-" for k in ("slot_runs_per_hour",
+                                                                         "full_protocol_slot_runs_per_hour"))
         lines.append(f"| {name} | {res['runs_at_once']} | {res['mps']} | {res['wall_s']:.0f} | {res['runs_per_hour']:.1f}, "
-                     f"{res['slot_runs_per_hour']:.1f} | {res['full_protocol_runs_per_hour']:.1f}, "
-                     f"{res['full_protocol_slot_runs_per_hour']:.1f} |" + (f" failed: {failed}" if failed else ""))
+                     f"{slot} | {res['full_protocol_runs_per_hour']:.1f}, {full_slot} |"
+                     + (f" failed: {failed}" if failed else ""))
     lines += ["", f"seeds in both mps and off, final Class-IL by phase: {result['same_seeds']}; mps and off rows "
               f"identical: {result['same_rows']}"]
     g = result["graphs_vs_eager"]
@@ -365,7 +388,10 @@ def main() -> None:
         return child(a.child)
     # A call stopped at its limit (SIGTERM) unwinds as Ctrl-C does: its runs are stopped and the MPS
     # daemon quits, so the next call finds the GPU as this one found it.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sys.path.insert(0, str(HERE))
+    from common import exit_on_sigterm
+
+    exit_on_sigterm()
     from stages.experiments.sweep import _merged, parse_seeds, plan
     from stages.runtime import mps
 
@@ -408,6 +434,7 @@ def main() -> None:
         relay = Relay(out / "runs.log")
         for name in a.phases.split(","):
             n, mode, graphs = phases[name]
+            n = min(n, len(by_seed))  # the runs this phase has (--seeds may give fewer)
             on = a.device == "cuda"
             if graphs and not on:
                 result["phases"][name] = {"runs_at_once": n, "mps": False, "skipped": "CUDA graphs need a GPU"}
@@ -427,14 +454,20 @@ def main() -> None:
             if graphs and "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
                 # n runs compile at once: inductor's default pool (one worker a core) each would be n x cores.
                 child_env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
+            said: list[str] = []  # why MPS did not start, for the phase's row
+
+            def tell(m, said=said):
+                print(m, flush=True)
+                said.append(m)
+
             try:
-                with mps.shared("auto" if mode == "mps" else "off", on, log=lambda m: print(m, flush=True)) as shared:
+                with mps.shared("auto" if mode == "mps" else "off", on, log=tell) as shared:
                     res = phase(name, base, p, by_seed[:n], {**child_env, **{k: os.environ[k] for k in
                                                                              (mps.PIPE, mps.LOG) if k in os.environ}},
                                 relay, out, progress)
             except Exception as e:  # recorded; the next phase still runs
                 res = {"failed": f"{type(e).__name__}: {e}"}
-            res.update(runs_at_once=n, mps=bool(shared), set=a.set)
+            res.update(runs_at_once=n, mps=bool(shared), set=a.set, **({"mps_note": said[-1]} if said else {}))
             if "wall_s" in res:
                 rates(res, n, a.epochs)
             result["phases"][name] = res

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import statistics
+import sys
 import time
 
 
@@ -30,3 +32,13 @@ def machine() -> str:
 
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or platform.machine()
     return f"{dev}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (a device call stopped at its limit) unwinds as Ctrl-C does, so `finally` blocks stop
+    child runs and quit an MPS daemon; a second SIGTERM is ignored rather than cutting that short."""
+    def stop(*_):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, stop)

@@ -121,3 +121,45 @@ def test_a_run_records_to_plain_files_that_import_as_a_finished_run(tmp_path, fi
     assert got.info.status == "FINISHED" and got.data.tags[report.COMPLETE_TAG] == "true"
     assert got.data.tags["git.commit"] == "0123abc" and got.data.tags["pbr.stage.train"] == "done"
     assert got.data.metrics["class_il.acc"] == pytest.approx(printed["class_il"], abs=1e-3)
+
+
+def test_a_stopped_phase_kills_its_runs_and_records_what_finished(tmp_path, monkeypatch):
+    """A phase stopped while its runs train (here: the record written as a run ends raises, as a
+    SIGTERM would there): the runs are stopped, even runs that ignore SIGTERM, and even where the
+    stop's own record fails, and the records say which had ended."""
+    import os
+    import time
+    from types import SimpleNamespace
+
+    # Each "run" writes its pid, then sleeps, ignoring SIGTERM; "fast" ends at once.
+    fake = tmp_path / "run.py"
+    fake.write_text("import os, signal, sys, time\nfrom pathlib import Path\nd = Path(sys.argv[2])\n"
+                    "(d / 'pid').write_text(str(os.getpid()))\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                    "print('[ 0 s] started', file=sys.stderr, flush=True)\n"
+                    "if d.name != 'fast':\n    time.sleep(120)\nprint('{\"class_il\": 50.0}')\n")
+    monkeypatch.setattr(bench, "__file__", str(fake))
+    monkeypatch.setattr(bench, "STOP_GRACE", 1.0)
+    (tmp_path / "data/prepared").mkdir(parents=True)
+    runs = [SimpleNamespace(name=n, overrides={}) for n in ("fast", "slow1", "slow2")]
+    records = []
+
+    def progress(results, elapsed):
+        records.append(results)
+        if len(records) == 2:  # the fast run has ended: now stop
+            raise SystemExit(143)
+        if len(records) == 3:  # the stop's own record fails too (e.g. an older --merge file): still stopped
+            raise KeyError("slot_runs_per_hour")
+
+    relay = bench.Relay(tmp_path / "runs.log")
+    t = time.time()
+    with pytest.raises(SystemExit):  # the stop, not the failed record
+        bench.phase("mps", tmp_path, {"train": {}}, runs, dict(os.environ), relay, tmp_path, progress)
+    assert time.time() - t < 30  # a second each, not a hang
+    for r in runs:
+        pid = int((tmp_path / "mps" / r.name / "pid").read_text())
+        with pytest.raises(ProcessLookupError):  # ended and reaped
+            os.kill(pid, 0)
+    # Started (nothing ended), the fast run ended, then the stop's own record.
+    assert records[0] == {} and list(records[1]) == ["fast"] and list(records[2]) == ["fast"]
+    assert records[1]["fast"]["class_il"] == 50.0
+    assert "mps/fast [ 0 s] started" in (tmp_path / "runs.log").read_text().splitlines()
