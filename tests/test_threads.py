@@ -35,21 +35,29 @@ def test_auto_shares_the_cores_among_queue_workers(tmp_path, monkeypatch):
 
 
 def test_compute_processes_are_the_live_pbr_train_and_score_ones(tmp_path):
-    """Real processes: a program named `pbr` run with `train` or `score` counts, with `report` not."""
+    """Real processes: a program named `pbr` run with `train` or `score` counts, with `report` not;
+    so does `python -m stages.cli train`, the form an offline sweep's runs take (two such runs on two
+    cores each took both cores' threads, and trained at a tenth of their speed)."""
     import subprocess
     import sys
 
     fake = tmp_path / "bin" / "pbr"
     fake.parent.mkdir()
     fake.write_text("import time\ntime.sleep(60)\n")
+    (tmp_path / "pkg/stages").mkdir(parents=True)
+    (tmp_path / "pkg/stages/__init__.py").write_text("")
+    (tmp_path / "pkg/stages/cli.py").write_text("import time\ntime.sleep(60)\n")
     procs = {cmd: subprocess.Popen([sys.executable, str(fake), cmd]) for cmd in ("train", "score", "report")}
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "pkg")}
+    procs |= {f"-m {cmd}": subprocess.Popen([sys.executable, "-m", "stages.cli", cmd], env=env)
+              for cmd in ("train", "evaluate")}
     try:
         import time
 
         time.sleep(0.5)
         found = threads.compute_pids()
-        assert procs["train"].pid in found and procs["score"].pid in found
-        assert procs["report"].pid not in found and os.getpid() not in found
+        assert procs["train"].pid in found and procs["score"].pid in found and procs["-m train"].pid in found
+        assert procs["report"].pid not in found and procs["-m evaluate"].pid not in found and os.getpid() not in found
     finally:
         for p in procs.values():
             p.kill()

@@ -33,8 +33,17 @@ def queue_workers(cwd: Path | None = None) -> int:
 COMPUTE_COMMANDS = {"train", "score"}
 
 
+def _is_compute(args: list[str]) -> bool:
+    """`pbr train|score`, or `python -m stages.cli train|score` (how an offline sweep runs its stages)."""
+    for i, (a, b) in enumerate(zip(args, args[1:])):
+        if b in COMPUTE_COMMANDS and (os.path.basename(a) == "pbr" or (a == "stages.cli" and i and args[i - 1] == "-m")):
+            return True
+    return False
+
+
 def compute_pids(proc: Path = Path("/proc")) -> set[int]:
-    """Pids of the live `pbr train` / `pbr score` processes on this machine (empty without /proc)."""
+    """Pids of the live `pbr train` / `pbr score` processes on this machine, however started (empty
+    without /proc)."""
     pids: set[int] = set()
     if not proc.is_dir():
         return pids
@@ -45,7 +54,7 @@ def compute_pids(proc: Path = Path("/proc")) -> set[int]:
             args = [a.decode(errors="replace") for a in (d / "cmdline").read_bytes().split(b"\0") if a]
         except OSError:  # gone, or not ours to read
             continue
-        if any(os.path.basename(a) == "pbr" and b in COMPUTE_COMMANDS for a, b in zip(args, args[1:])):
+        if _is_compute(args):
             pids.add(int(d.name))
     return pids
 
