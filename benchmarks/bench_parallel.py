@@ -20,9 +20,11 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-from common import row
+from common import ready_then_wait, row, start_together
 
 
 def child(a) -> None:
@@ -70,16 +72,15 @@ def child(a) -> None:
     for s in range(20):
         step(s)
     sync()
-    while time.time() < a.start_at:
-        time.sleep(0.005)
+    start = ready_then_wait(a.start_folder, a.warmup + 60)
     t0, s = time.time(), 0
-    while time.time() < a.start_at + a.seconds:
+    while time.time() < start + a.seconds:
         step(s)
         s += 1
         if s % 8 == 0:
             sync()
     sync()
-    print(json.dumps({"img_s": s * a.batch / (time.time() - t0), "late": t0 > a.start_at + 0.5}), flush=True)
+    print(json.dumps({"img_s": s * a.batch / (time.time() - t0), "late": t0 > start + 0.5}), flush=True)
 
 
 def main() -> None:
@@ -90,15 +91,16 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--seconds", type=float, default=6)
-    ap.add_argument("--warmup", type=float, default=16, help="seconds each process gets to start and warm up")
+    ap.add_argument("--warmup", type=float, default=60, help="seconds at most the processes get to start and warm "
+                    "up; the window starts as soon as all have")
     ap.add_argument("--compile", default="none", choices=("none", "default", "reduce-overhead"),
                     help="torch.compile the network (reduce-overhead: CUDA graphs on a GPU); raise --warmup to "
                          "cover the compile")
     ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="bf16: as train.precision: bf16")
     ap.add_argument("--channels-last", action="store_true", help="as train.channels_last: true")
-    ap.add_argument("--start-at", type=float, default=None, help=argparse.SUPPRESS)  # a child process
+    ap.add_argument("--start-folder", default=None, help=argparse.SUPPRESS)  # a child process
     a = ap.parse_args()
-    if a.start_at is not None:
+    if a.start_folder is not None:
         return child(a)
     print(f"# {a.method} step, width {a.width}, batch {a.batch} (+{a.batch} replay), {a.device}, one thread a process"
           + ("" if a.compile == "none" else f", network compiled ({a.compile})")
@@ -106,12 +108,14 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     base = None
     for n in (int(k) for k in a.processes.split(",")):
-        start = time.time() + a.warmup
-        cmd = [sys.executable, __file__, "--method", a.method, "--width", str(a.width), "--batch", str(a.batch),
-               "--device", a.device, "--seconds", str(a.seconds), "--compile", a.compile, "--start-at", str(start),
-               "--precision", a.precision] + (["--channels-last"] if a.channels_last else [])
-        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(n)]
-        rates = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+        with tempfile.TemporaryDirectory() as folder:
+            cmd = [sys.executable, __file__, "--method", a.method, "--width", str(a.width), "--batch", str(a.batch),
+                   "--device", a.device, "--seconds", str(a.seconds), "--compile", a.compile, "--warmup",
+                   str(a.warmup), "--start-folder", folder, "--precision", a.precision] + \
+                  (["--channels-last"] if a.channels_last else [])
+            procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(n)]
+            start_together(Path(folder), procs, a.warmup)
+            rates = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
         total = sum(r["img_s"] for r in rates)
         base = base or total
         late = sum(r["late"] for r in rates)

@@ -54,11 +54,12 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
 
-from common import exit_on_sigterm, machine, row
+from common import exit_on_sigterm, machine, ready_then_wait, row, start_together
 
 FULL_RUN_CURRENT_IMAGES = 620_000
 FORMATS = {"fp32", "bf16", "fp32+cl", "bf16+cl"}  # --process-formats
@@ -294,16 +295,15 @@ def child(a) -> None:
     for i in range(5):
         step(i)
     sync()
-    while time.time() < a.start_at:
-        time.sleep(0.005)
+    start = ready_then_wait(a.start_folder, a.proc_warmup + 60)
     t0, s = time.time(), 0
-    while time.time() < a.start_at + a.window:
+    while time.time() < start + a.window:
         step(s)
         s += 1
         if s % 4 == 0:
             sync()
     sync()
-    print(json.dumps({"img_s": s * a.batch * a.lanes_n / (time.time() - t0), "late": t0 > a.start_at + 0.5}),
+    print(json.dumps({"img_s": s * a.batch * a.lanes_n / (time.time() - t0), "late": t0 > start + 0.5}),
           flush=True)
 
 
@@ -462,6 +462,7 @@ class Routes:
         with CUDA graphs if `graphs`; `fmt` fp32, bf16, fp32+cl or bf16+cl: train.precision and
         train.channels_last as the pipeline applies them) or our lanes."""
         a = self.a
+        # At most this long for every process to be warmed up (compiled); the window starts once all are.
         warmup = max(a.proc_warmup, a.graphs_warmup) if graphs else a.proc_warmup
         need = warmup + a.window + 10
         if self.left() < need:
@@ -469,28 +470,37 @@ class Routes:
                                status="skipped", note="budget spent")
         if self.dev.type == "cuda":
             self.torch.cuda.empty_cache()
-        start = time.time() + warmup
         if n_lanes:
             cmd = [sys.executable, __file__, "--child", "window", "--lanes-n", str(n_lanes), "--dtype", "fp32",
-                   "--threads", "1"]
+                   "--threads", "1", "--proc-warmup", str(warmup)]
         else:
-            cmd = [sys.executable, str(HERE / "bench_parallel.py"), "--method", "er"]
+            cmd = [sys.executable, str(HERE / "bench_parallel.py"), "--method", "er", "--warmup", str(warmup)]
             cmd += ["--compile", "reduce-overhead"] if graphs else []
             cmd += ["--precision", fmt.split("+")[0]] + (["--channels-last"] if fmt.endswith("+cl") else [])
-        cmd += ["--device", a.device, "--width", str(a.width), "--batch", str(a.batch),
-                "--seconds" if not n_lanes else "--window", str(a.window), "--start-at", str(start)]
         env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-                 for _ in range(n_procs)]
+        if graphs and "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+            # n processes compile at once: inductor's default pool (one worker a core) each would be n x cores.
+            env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 1) // n_procs))
         results, errors = [], []
-        for p in procs:
+        with tempfile.TemporaryDirectory() as folder:
+            cmd += ["--device", a.device, "--width", str(a.width), "--batch", str(a.batch),
+                    "--seconds" if not n_lanes else "--window", str(a.window), "--start-folder", folder]
+            procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                     for _ in range(n_procs)]
             try:
-                out, err = p.communicate(timeout=max(5.0, start + a.window + 60 - time.time()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, err = p.communicate()
-            res = _last_json(out)
-            (results.append(res) if res and p.returncode == 0 else errors.append(_why(err, p.returncode)))
+                start = start_together(Path(folder), procs, warmup)
+                for p in procs:
+                    try:
+                        out, err = p.communicate(timeout=max(5.0, start + a.window + 60 - time.time()))
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        out, err = p.communicate()
+                    res = _last_json(out)
+                    (results.append(res) if res and p.returncode == 0 else errors.append(_why(err, p.returncode)))
+            except BaseException:  # stopped (SIGTERM at the call's limit): no child left holding the GPU
+                for p in procs:
+                    p.kill()
+                raise
         variant = self.variant(n_lanes, graphs, fmt)
         if errors:
             return self.record(route, variant, max(n_lanes, 1), n_procs, status="failed",
@@ -532,9 +542,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--cap", type=float, default=25, help="seconds at most to time one row")
     ap.add_argument("--compile-cap", type=float, default=150, help="seconds at most for one compile child")
-    ap.add_argument("--proc-warmup", type=float, default=16, help="seconds the processes get to start and warm up")
-    ap.add_argument("--graphs-warmup", type=float, default=100,
-                    help="seconds the compiled processes get to compile (in parallel) and warm up")
+    ap.add_argument("--proc-warmup", type=float, default=60, help="seconds at most the processes get to start and "
+                    "warm up; the timed window starts as soon as all have")
+    ap.add_argument("--graphs-warmup", type=float, default=120,
+                    help="the same for the compiled processes (compiling in parallel)")
     ap.add_argument("--window", type=float, default=6, help="the processes' timed window")
     ap.add_argument("--threads", type=int, default=1, help="torch threads in each process (1, as bench_parallel: on a "
                     "shared CPU more threads oversubscribe the cores)")
@@ -542,7 +553,7 @@ def main() -> None:
     ap.add_argument("--child", choices=("compile", "window"), help=argparse.SUPPRESS)
     ap.add_argument("--lanes-n", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
-    ap.add_argument("--start-at", type=float, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--start-folder", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if importlib.util.find_spec("pbr") is None:  # a bare GPU machine: the checkout, not installed
         sys.path.insert(0, str(HERE.parent))
