@@ -5,6 +5,7 @@ Heavy imports (torch, pyarrow, mlflow) happen inside the commands so `pbr --help
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -172,6 +173,8 @@ def sweep(
         runs = stage.shard(runs, k, n)
         typer.echo(f"shard {k}/{n}: {len(runs)} of {count} runs, "
                    f"{100 * sum(r.cost for r in runs) / total:.0f}% of the grid's expected cost", err=True)
+        if not runs:  # more shards than runs (a SLURM array larger than the grid): nothing to do is no error
+            return
     if dry_run:
         typer.echo("\n".join(r.command() for r in runs))
         typer.echo(f"{len(runs)} run{'s' * (len(runs) != 1)}", err=True)
@@ -183,14 +186,16 @@ def sweep(
         raise UserError("--gpu-share mps: MPS serves --offline sweeps only (the sweep starts and stops its "
                         "server); DVC's queue workers outlive the command")
     gpu = stage.on_gpu(runs, params) if offline is not None or jobs == "auto" else False
-    with mps.shared(share if offline is not None else "off", gpu, log=lambda m: typer.echo(m, err=True)) as shared:
+    from stages.experiments import offline as direct
+
+    # A kill of an offline sweep unwinds (its MPS daemon quits, its runs and prepare stages stop with it).
+    with direct.kills_interrupt() if offline is not None else contextlib.nullcontext(), \
+            mps.shared(share if offline is not None else "off", gpu, log=lambda m: typer.echo(m, err=True)) as shared:
         if jobs == "auto":
             jobs, why = stage.auto_jobs(runs, params, gpu, shared)
             hint = "; --offline runs 8 under MPS (docs/gpu.md)" if gpu and offline is None else ""
             typer.echo(f"--jobs auto: {why}{hint}", err=True)
         if offline is not None:
-            from stages.experiments import offline as direct
-
             _, _, failed = direct.run_all(runs, offline, params, jobs=max(jobs, 1),
                                           log=lambda m: typer.echo(m, err=True), record=record)
             if failed:

@@ -241,3 +241,96 @@ def test_a_killed_sweep_stops_its_runs_and_records_them_killed(tmp_path):
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     [run] = client.search_runs([client.get_experiment_by_name("pbr").experiment_id])
     assert run.info.status == "KILLED"
+
+
+def test_one_sweep_at_a_time_in_a_folder(tmp_path):
+    """A second sweep in a folder one is running in would start the same runs in the same run folders."""
+    from pbr.errors import UserError
+    from stages.experiments import offline
+
+    out = tmp_path / "out"
+    (out / "runs").mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+                               str(out / ".sweep.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(UserError, match=r"^--offline .*/out: another pbr sweep is running in this folder; wait"):
+            offline.run_all([], out, ROOT / "params.yaml", record="files")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert offline.run_all([], out, ROOT / "params.yaml", record="files", log=lambda _: None) == (0, 0, [])
+
+
+def test_a_run_that_ended_as_the_sweep_was_interrupted_is_done(tmp_path, monkeypatch):
+    """Ctrl-C in the second between a run's end and the sweep's look at it: the run finished, so it
+    is DONE (a next call would otherwise run its stages again and record it twice)."""
+    import types
+
+    from stages.experiments import offline
+    from stages.experiments.sweep import Run
+
+    metrics = json.dumps({"class_il": {"acc": 50.0}, "task_il": {"acc": 80.0}})
+
+    def start(run, out, base, env, log):  # a run that ends at once, as a finished one does
+        d = out / "runs" / run.name
+        (d / "reports").mkdir(parents=True)
+        return offline._spawn(f"echo '{metrics}' > reports/metrics.json", d, dict(os.environ), d / "run.log")
+
+    def sleep_then_ctrl_c(seconds):
+        time.sleep(seconds)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(offline, "_start", start)
+    monkeypatch.setattr(offline, "_prepared", lambda *a, **k: None)
+    monkeypatch.setattr(offline, "time", types.SimpleNamespace(time=time.time, sleep=sleep_then_ctrl_c))
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        offline.run_all([Run("r0", {"seed": 0})], out, ROOT / "params.yaml", record="files", log=lambda _: None)
+    assert json.loads((out / "runs/r0/DONE").read_text())["class_il"] == {"acc": 50.0}
+
+
+def test_a_python_in_a_folder_with_a_space_runs_the_stages(tmp_path, monkeypatch):
+    """The runs' shell commands name the interpreter: a virtualenv under "My Projects/" must still run."""
+    from stages.experiments import offline
+
+    spaced = tmp_path / "my projects" / "python"
+    spaced.parent.mkdir()
+    spaced.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    spaced.chmod(0o755)
+    monkeypatch.setattr(offline.sys, "executable", str(spaced))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = offline._spawn(offline._script("--help", "--help"), tmp_path, env, tmp_path / "log")  # as a run's two
+    assert proc.wait(timeout=60) == 0, (tmp_path / "log").read_text()[-2000:]
+    assert (tmp_path / "log").read_text().count("Usage: python -m stages.cli") == 2
+
+
+def test_a_moved_folders_runs_write_their_artifacts_where_it_is_now(tmp_path):
+    """MLflow records artifact folders as absolute paths: after the offline folder moved, a resumed run
+    must not write into (or recreate) the old place, or `pbr import` of the new one would miss them."""
+    from mlflow import MlflowClient
+
+    from stages.experiments import offline
+
+    # The run starts in another process (MLflow caches a run's artifact folder in the process that used it).
+    (tmp_path / "a.txt").write_text("before the move")
+    started = subprocess.run([sys.executable, "-c", (
+        "import sys\nfrom stages.runtime import tracking\n"
+        "client, exp_id = tracking.open_experiment(sys.argv[1], 'pbr')\nrun = client.create_run(exp_id)\n"
+        "client.log_artifact(run.info.run_id, sys.argv[2])\nprint(exp_id, run.info.run_id)"),
+        f"sqlite:///{tmp_path / 'old/mlflow.db'}", str(tmp_path / "a.txt")],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr[-2000:]
+    exp_id, run_id = started.stdout.split()
+    shutil.move(tmp_path / "old", tmp_path / "new")
+    offline._follow_move(tmp_path / "new/mlflow.db")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'new/mlflow.db'}")
+    here = (tmp_path / "new/mlartifacts").as_uri()
+    assert client.get_experiment(exp_id).artifact_location == here
+    uri = client.get_run(run_id).info.artifact_uri
+    assert uri.startswith(f"{here}/") and uri.endswith(f"/{run_id}/artifacts"), uri
+    (tmp_path / "b.txt").write_text("after the move")
+    client.log_artifact(run_id, str(tmp_path / "b.txt"))
+    assert sorted(a.path for a in client.list_artifacts(run_id)) == ["a.txt", "b.txt"]
+    assert not (tmp_path / "old").exists()

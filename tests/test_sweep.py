@@ -210,7 +210,8 @@ def test_a_bad_shard_is_a_one_line_error(text):
         sweep.parse_shard(text)
 
 
-def test_jobs_auto_fills_one_gpu_or_the_cores():
+def test_jobs_auto_fills_one_gpu_or_the_cores(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     rows = {"row": ["pbr", "er-lr0.1"]}
     runs = _plan("fidelity", seeds=2, only=rows, budget="proxy")
     # train.device auto means cuda on a GPU machine; cuda is a GPU sweep even where none is seen yet.
@@ -226,6 +227,23 @@ def test_jobs_auto_fills_one_gpu_or_the_cores():
     assert sweep.auto_jobs(runs, PARAMS, gpu=False, cores=16)[0] == 16
     assert sweep.auto_jobs(_plan("fidelity", 2, {"train.threads": 3}, rows, "proxy"), PARAMS, False, cores=16)[0] == 5
     assert sweep.auto_jobs(_plan("fidelity", 2, {"train.threads": 4}, rows, "proxy"), PARAMS, False, cores=2)[0] == 1
+    # Threads auto with OMP_NUM_THREADS set: every run takes that many (threads.resolve), so 16 cores hold 4.
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert sweep.auto_jobs(runs, PARAMS, gpu=False, cores=16)[0] == 4
+
+
+def test_a_shard_with_no_run_does_nothing(tmp_path, pbr_main):
+    """A SLURM array larger than the grid: table1 has 2 runs a seed, so shard 3 of 3 has none."""
+    import shutil
+
+    shutil.copy(PARAMS, tmp_path / "params.yaml")
+    r = pbr_main("sweep", "table1", "--seeds", "1", "--shard", "3/3", "--jobs", "auto", cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr.strip() == "shard 3/3: 0 of 2 runs, 0% of the grid's expected cost", r.stderr
+
+
+def test_a_sweeps_seed_is_set_by_seeds_not_by_s():
+    with pytest.raises(UserError, match=r"^-S seed=7: a sweep gives each run its seed; use --seeds"):
+        _plan("table1", 2, {"seed": 7})
 
 
 @pytest.mark.parametrize("text", ["-1", "many", "2.5", ""])

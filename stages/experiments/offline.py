@@ -14,9 +14,11 @@ killed part-way resumes from its finished tasks (the train stage's own resume).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -97,12 +99,22 @@ def _params(base: dict, overrides: dict[str, Any]) -> dict:
     return p
 
 
+def _script(*commands: str) -> str:
+    """The shell line running `pbr` COMMANDS in turn with this interpreter (quoted: a virtualenv under
+    a folder with a space in its name)."""
+    return " && ".join(f"{shlex.quote(sys.executable)} -m stages.cli {c}" for c in commands)
+
+
 def _stage(cmd: str, cwd: Path, env: dict[str, str], log_file: Path) -> int:
+    """`pbr cmd` in `cwd`, waited for; stopped as a run is (_stop) when the sweep is."""
     with open(log_file, "a") as log:
         log.write(f"\n$ pbr {cmd}\n")
-        log.flush()
-        return subprocess.run([sys.executable, "-m", "stages.cli", cmd], cwd=cwd, env=env, stdout=log,
-                              stderr=subprocess.STDOUT).returncode
+    proc = _spawn(_script(cmd), cwd, env, log_file)
+    try:
+        return proc.wait()
+    except BaseException:
+        _stop([proc])
+        raise
 
 
 def _project_prepared(params: dict) -> Path | None:
@@ -156,12 +168,16 @@ def _prepared(out: Path, params: dict, env: dict[str, str], log: Callable[[str],
 
 
 def _link_data(d: Path, out: Path, params: dict, env: dict[str, str], log: Callable[[str], None] = print) -> None:
-    """The run folder `d`'s data/prepared: a link to its data section's prepared data."""
+    """The run folder `d`'s data/prepared: a link to its data section's prepared data. A link to other
+    data (the data section changed since the run started, or the folder moved) is made again: the run
+    trains on what its params.yaml says, and its train stage starts over if that is new data."""
     link = d / "data" / "prepared"
-    _drop_dangling(link)
+    target = _prepared(out, params, env, log)
+    if link.is_symlink() and os.readlink(link) != str(target):
+        link.unlink()
     if not link.exists():
         link.parent.mkdir(exist_ok=True)
-        link.symlink_to(_prepared(out, params, env, log))
+        link.symlink_to(target)
 
 
 def _start(run, out: Path, base: dict, env: dict[str, str], log: Callable[[str], None] = print
@@ -171,7 +187,7 @@ def _start(run, out: Path, base: dict, env: dict[str, str], log: Callable[[str],
     params = _params(base, run.overrides)
     _write(d / "params.yaml", yaml.safe_dump(params, sort_keys=False))
     _link_data(d, out, params, env, log)
-    script = f"{sys.executable} -m stages.cli train && {sys.executable} -m stages.cli evaluate"
+    script = _script("train", "evaluate")
     # Named in MLflow as the sweep names it (as a queued DVC experiment would be).
     return _spawn(script, d, {**env, "DVC_EXP_NAME": run.name}, d / "run.log")
 
@@ -192,19 +208,26 @@ def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _stopped_by_kill() -> dict:
-    """SIGTERM (`kill`) and SIGHUP (a closed terminal) stop the sweep as Ctrl-C does, its runs with it:
-    they run in sessions of their own, so by default they would outlive it. Only where the signal has
-    its default action (`nohup` keeps SIGHUP ignored) and in the main thread. Returns what to restore."""
+@contextlib.contextmanager
+def kills_interrupt():
+    """SIGTERM (`kill`) and SIGHUP (a closed terminal) stop the sweep as Ctrl-C does, its runs, its
+    prepare stages and its MPS daemon with it: they run in sessions of their own, so by default they
+    would outlive it. Only where the signal has its default action (`nohup` keeps SIGHUP ignored) and
+    in the main thread; nested, the outer one holds."""
     import threading
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)
-            if signal.getsignal(sig) == signal.SIG_DFL}
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        saved = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)
+                 if signal.getsignal(sig) == signal.SIG_DFL}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -258,18 +281,55 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
     returns (finished now, skipped, failed names)."""
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: give at least 1 with --offline")
+    out = out.expanduser().resolve()
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    with _only_sweep_in(out), kills_interrupt():
+        return _run_all(runs, out, params_file, jobs, log, record)
+
+
+@contextlib.contextmanager
+def _only_sweep_in(out: Path):
+    """One sweep at a time in a folder: two would start the same runs in the same run folders."""
+    import fcntl
+
+    with open(out / ".sweep.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"--offline {out}: another pbr sweep is running in this folder; wait for it to end, "
+                            "or give another folder") from None
+        yield
+
+
+def _follow_move(db: Path) -> None:
+    """MLflow keeps a run's artifact folder as an absolute path: in a folder moved (or copied) since its
+    runs started, a resumed run would write its artifacts to the old place. The experiments' and runs'
+    paths into the old `mlartifacts/` are made to name this folder's."""
+    import sqlite3
+
+    here = (db.parent / "mlartifacts").as_uri()
+    with contextlib.closing(sqlite3.connect(db)) as c, c:
+        for (old,) in c.execute("SELECT artifact_location FROM experiments").fetchall():
+            if old and old.startswith("file:") and old.endswith("/mlartifacts") and old != here:
+                c.execute("UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) WHERE substr(artifact_uri, 1, ?) = ?",
+                          (here, len(old) + 1, len(old) + 1, old + "/"))
+                c.execute("UPDATE experiments SET artifact_location = ? WHERE artifact_location = ?", (here, old))
+
+
+def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[[str], None],
+             record: str) -> tuple[int, int, list[str]]:
     from stages.runtime import journal
 
     root = Path(__file__).resolve().parents[2]  # the checkout whose code the runs use
     base = yaml.safe_load(params_file.read_text())
-    out = out.expanduser().resolve()
-    (out / "runs").mkdir(parents=True, exist_ok=True)
     store = store_uri(out, record)
     env = _env(out, root, store)
     records = out / "mlflow.db" if store.startswith("sqlite:") else out / JOURNAL_DIR
     if store.startswith(journal.SCHEME):
         log(f"recording to plain files in {records}; on a machine with MLflow, `pbr import {out}` copies the "
             "runs into its store")
+    if (out / "mlflow.db").is_file():
+        _follow_move(out / "mlflow.db")
     # The store and its artifact folder are made once, from `out`, before parallel runs open it.
     made = subprocess.run([sys.executable, "-c", _INIT_STORE], cwd=out, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
@@ -283,7 +343,6 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
         _prepared(out, _params(base, r.overrides), {**env, "DVC_EXP_NAME": r.name}, log)
     skipped, done, failed = len(runs) - len(todo), 0, []
     live: dict[str, tuple[Any, subprocess.Popen, float]] = {}
-    stopping = _stopped_by_kill()
     try:
         while todo or live:
             while todo and len(live) < jobs:
@@ -305,8 +364,8 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
                         f"Task-IL {m['task_il']['acc']:.2f}")
     finally:  # Ctrl-C, a kill, or an error of the sweep's own: the runs it started stop with it
         _stop([proc for _, proc, _ in live.values()])
-        for sig, handler in stopping.items():
-            signal.signal(sig, handler)
+        for r, proc, t0 in live.values():  # one that ended before the interrupt was seen is done all the same
+            _finish(r, out, proc.returncode, time.time() - t0)
     log(f"{done} run{'s' * (done != 1)} finished, {skipped} already done, {len(failed)} failed; records in "
         f"{records}: copy {out} to the project and run `pbr import {out}`")
     return done, skipped, failed

@@ -323,6 +323,9 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
         raise UserError(f"sweep {grid!r} is not a grid; use one of {' | '.join(GRIDS)}")
     if budget not in BUDGETS:
         raise UserError(f"--budget {budget}: not one of {' | '.join(BUDGETS)}")
+    if "seed" in extra:  # each run's seed is the sweep's to set: -S seed would be overridden, run after run
+        raise UserError(f"-S seed={extra['seed']}: a sweep gives each run its seed; use --seeds (N for 0..N-1, "
+                        "A-B, or A,B,C)")
     settings = {**BUDGETS[budget], **extra}
     if isinstance(seeds, int):
         if seeds < 1:
@@ -434,17 +437,17 @@ def auto_jobs(runs: list[Run], params_file: Path, gpu: bool, mps: bool = False,
               cores: int | None = None) -> tuple[int, str]:
     """`--jobs auto`: how many runs at once, and why. On a GPU the count measured best (with or
     without MPS); on a CPU one run per `train.threads` cores (one per core when threads are auto:
-    each run then takes one)."""
+    each run then takes one, or OMP_NUM_THREADS where that is set)."""
     if gpu:
         if mps:
             return MPS_JOBS, f"{MPS_JOBS} runs at once sharing one GPU through MPS, the count measured best (docs/gpu.md)"
         return GPU_JOBS, f"{GPU_JOBS} runs at once, the count that saturates one GPU without MPS (docs/benchmarks.md)"
-    if cores is None:
-        from stages.runtime.threads import available_cores
+    from stages.runtime.threads import available_cores, of_a_run
 
+    if cores is None:
         cores = available_cores()
     base = yaml.safe_load(params_file.read_text())
-    threads = max(1 if t == "auto" else int(t) for t in (_lookup(base, r.overrides, "train.threads") for r in runs))
+    threads = max((of_a_run(_lookup(base, r.overrides, "train.threads")) for r in runs), default=1)
     n = max(1, cores // threads)
     return n, f"{n} run(s) at once: {cores} CPU core(s), {threads} torch thread(s) a run"
 

@@ -64,13 +64,21 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def _omp() -> int | None:
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else None
+
+
 def resolve(setting: int | str) -> int:
     if setting != "auto":
         return int(setting)
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    return max(1, available_cores() // max(1, queue_workers(), len(compute_pids())))
+    return _omp() or max(1, available_cores() // max(1, queue_workers(), len(compute_pids())))
+
+
+def of_a_run(setting: int | str) -> int:
+    """The threads each of a sweep's runs will take (`--jobs auto` sizes the runs at once by it):
+    auto divides the cores among the runs, so one each, unless OMP_NUM_THREADS says otherwise."""
+    return int(setting) if setting != "auto" else (_omp() or 1)
 
 
 def configure(setting: int | str) -> int:
