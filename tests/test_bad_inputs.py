@@ -313,6 +313,31 @@ def test_a_damaged_saved_file_is_one_line_naming_it(tmp_path, trained, pbr, stag
     assert not _leftovers(repo)
 
 
+def test_the_fix_for_a_damaged_task_works_while_a_resume_store_holds_it(tmp_path, trained, pbr, monkeypatch):
+    """After a killed run the resume store links its finished tasks (stages/runtime/resume.py): a file
+    damaged in place is damaged there too, and deleting the task folder, as the error says, must not
+    take it back from the store (it did, and the same error came again, however often)."""
+    import json
+
+    from stages.runtime import resume
+
+    repo = _copy_trained(trained, tmp_path / "repo")
+    out = repo / "artifacts/train"
+    for k in (3, 4):
+        shutil.rmtree(out / f"task_{k:02d}")
+    (out / "accuracy.json").unlink()
+    monkeypatch.chdir(repo)
+    fp = json.loads((out / "run.json").read_text())["fingerprint"]
+    for name in ("task_00", "task_01", "task_02", "run.json"):  # what the killed run kept
+        resume.keep(out, name, fp)
+    (out / "task_02/state.pt").write_bytes(b"\xdd" * 64)  # in place: the store's link reads the same bytes
+    _one_line_error(pbr(repo, "train"), "task_02/state.pt cannot be read", "delete its task folder")
+    shutil.rmtree(out / "task_02")
+    r = pbr(repo, "train")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resuming after task 2 of 5" in r.stdout + r.stderr and "took back" not in r.stdout + r.stderr
+
+
 def test_a_deleted_buffer_is_missing_for_evaluate_and_trained_again_by_train(tmp_path, trained, pbr):
     repo = _copy_trained(trained, tmp_path / "repo")
     (repo / "artifacts/train/task_01/buffer.parquet").unlink()

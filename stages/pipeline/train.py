@@ -301,7 +301,13 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     epochs_log: list = []
     start = _finished_tasks(out, n_tasks)
     if start:
-        rows, epochs_log = _restore(method, out, start, device, gen)
+        try:
+            rows, epochs_log = _restore(method, out, start, device, gen)
+        except UserError:
+            # A damaged task: its copy in the resume store is the same file (a hard link), and would come
+            # back in place of the task folder the error says to delete.
+            resume.forget(fp)
+            raise
         log(f"resuming after task {start} of {n_tasks} (finished tasks are kept in {out})")
         for k in range(start):  # this run gets the finished tasks' records too
             _track_task(tracker, k, rows, epochs_log, s["epochs"])
