@@ -256,6 +256,29 @@ def test_training_output_that_cannot_be_written(tmp_path, prepared, pbr):
     assert not _leftovers(repo)
 
 
+def test_a_failed_torch_save_is_an_oserror_naming_the_file(tmp_path):
+    """torch.save reports a failed write (a full disk, a quota) as a RuntimeError of its C++ writer, which
+    the CLI would print as a traceback: the stages' saves make it the OSError, naming the file, that the
+    CLI prints in one line. A file-size limit makes the write fail for real."""
+    import resource
+    import signal
+
+    import torch
+
+    from stages.runtime import artifacts
+
+    ignored = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write then fails instead of the process
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, hard))
+    try:
+        with pytest.raises(OSError) as e:
+            artifacts.save_torch({"w": torch.zeros(100_000)}, tmp_path / "model.pt")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, ignored)
+    assert e.value.filename == str(tmp_path / "model.pt") and e.value.strerror.startswith("writing it failed (")
+
+
 def test_ui_without_a_store_its_experiment_or_its_port(tmp_path, pbr_main):
     """`pbr ui` before any stage ran, or on a port in use: one line, and no empty store created on the way."""
     run = lambda **e: pbr_main("ui", cwd=tmp_path, env=e)  # noqa: E731

@@ -101,22 +101,22 @@ def _save_task(out: Path, k: int, method, s: RunSettings, rows: dict, epochs: li
     with artifacts.atomic_dir(out / f"task_{k:02d}") as tmp:
         # The method's model state (the net's state_dict, and whatever else it predicts with), plus
         # the settings that rebuild it (load_method).
-        torch.save({**method.model_state(), "task": k, "n_classes": manifest["n_classes"],
-                    "classes_seen": sorted(c for t in manifest["task_classes"][: k + 1] for c in t),
-                    **{key: s[key] for key in ("width", "head", "scale", "dropout", "method")},
-                    "settings": s.values}, tmp / "model.pt")
+        artifacts.save_torch({**method.model_state(), "task": k, "n_classes": manifest["n_classes"],
+                            "classes_seen": sorted(c for t in manifest["task_classes"][: k + 1] for c in t),
+                            **{key: s[key] for key in ("width", "head", "scale", "dropout", "method")},
+                            "settings": s.values}, tmp / "model.pt")
         if method.buffer is not None:
             pq.write_table(buffer_table(method.buffer), tmp / "buffer.parquet")
         (tmp / "accuracy.json").write_text(json.dumps(
             {"task": k, "class_il": rows["class_il"][k], "task_il": rows["task_il"][k], "epochs": epochs[k]},
             indent=1))
         # Written last: a folder with state.pt is a finished task.
-        torch.save({"method": method.state_dict(), "generator": ctx.generator.get_state(),
-                    "torch_rng": torch.get_rng_state(),
-                    "cuda_rng": torch.cuda.get_rng_state_all() if ctx.device.type == "cuda" else None,
-                    # As JSON text: pickling the live lists would depend on which strings are shared
-                    # objects, so a resumed run's state.pt would differ in bytes from an uninterrupted one's.
-                    "log": json.dumps({"rows": rows, "epochs": epochs})}, tmp / STATE)
+        artifacts.save_torch({"method": method.state_dict(), "generator": ctx.generator.get_state(),
+                            "torch_rng": torch.get_rng_state(),
+                            "cuda_rng": torch.cuda.get_rng_state_all() if ctx.device.type == "cuda" else None,
+                            # As JSON text: pickling the live lists would depend on which strings are shared
+                            # objects, so a resumed run's state.pt would differ in bytes from an uninterrupted one's.
+                            "log": json.dumps({"rows": rows, "epochs": epochs})}, tmp / STATE)
 
 
 def _track_task(tracker, k: int, rows: dict, epochs_log: list, epochs: list[int]) -> None:

@@ -36,6 +36,21 @@ def write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def save_torch(obj, path: Path) -> None:
+    """torch.save, with a failed write (a full disk, a quota) an OSError naming the file, as Python's own
+    writes fail: torch reports it as a RuntimeError of its C++ writer ("unexpected pos ...")."""
+    import errno
+
+    import torch
+
+    try:
+        torch.save(obj, path)
+    except RuntimeError as e:
+        if "inline_container" not in str(e) and "PytorchStreamWriter" not in str(e):
+            raise
+        raise OSError(errno.EIO, f"writing it failed ({str(e).splitlines()[0].strip()})", str(path)) from None
+
+
 RESTORE = "restore it with `dvc checkout`, or delete it and run `dvc repro`"
 
 
