@@ -25,7 +25,10 @@ def queue_workers(cwd: Path | None = None) -> int:
         return 0
     n = 0
     for f in (root / ".dvc" / "tmp" / "exps" / "celery").glob("dvc-exp-worker-*.pid"):
-        text = f.read_text().strip()
+        try:
+            text = f.read_text().strip()
+        except OSError:  # the worker ended (and removed it) since the folder was listed
+            continue
         n += text.isdigit() and pid_alive(int(text))
     return n
 
