@@ -485,22 +485,29 @@ class Routes:
         with tempfile.TemporaryDirectory() as folder:
             cmd += ["--device", a.device, "--width", str(a.width), "--batch", str(a.batch),
                     "--seconds" if not n_lanes else "--window", str(a.window), "--start-folder", folder]
-            procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-                     for _ in range(n_procs)]
+            # Their stderr to files: a pipe nobody reads while they warm up (compile warnings) could fill
+            # and stall a child until it reads late.
+            errs = [open(Path(folder) / f"stderr-{i}", "w+") for i in range(n_procs)]
+            procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=e, text=True, env=env) for e in errs]
             try:
                 start = start_together(Path(folder), procs, warmup)
-                for p in procs:
+                for p, e in zip(procs, errs):
                     try:
-                        out, err = p.communicate(timeout=max(5.0, start + a.window + 60 - time.time()))
+                        out, _ = p.communicate(timeout=max(5.0, start + a.window + 60 - time.time()))
                     except subprocess.TimeoutExpired:
                         p.kill()
-                        out, err = p.communicate()
+                        out, _ = p.communicate()
+                    e.seek(0)
+                    err = e.read()
                     res = _last_json(out)
                     (results.append(res) if res and p.returncode == 0 else errors.append(_why(err, p.returncode)))
             except BaseException:  # stopped (SIGTERM at the call's limit): no child left holding the GPU
                 for p in procs:
                     p.kill()
                 raise
+            finally:
+                for e in errs:
+                    e.close()
         variant = self.variant(n_lanes, graphs, fmt)
         if errors:
             return self.record(route, variant, max(n_lanes, 1), n_procs, status="failed",

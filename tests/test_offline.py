@@ -243,24 +243,45 @@ def test_a_killed_sweep_stops_its_runs_and_records_them_killed(tmp_path):
     assert run.info.status == "KILLED"
 
 
-def test_one_sweep_at_a_time_in_a_folder(tmp_path):
-    """A second sweep in a folder one is running in would start the same runs in the same run folders."""
-    from pbr.errors import UserError
+def _finishing_at_once(offline, started):
+    """offline._start for a run that ends at once with its metrics, as a finished one does."""
+    metrics = json.dumps({"class_il": {"acc": 50.0}, "task_il": {"acc": 80.0}})
+
+    def start(run, out, base, env, log):
+        started.append(run.name)
+        d = out / "runs" / run.name
+        (d / "reports").mkdir(parents=True)
+        return offline._spawn(f"echo '{metrics}' > reports/metrics.json", d, dict(os.environ), d / "run.log")
+
+    return start
+
+
+def test_sweeps_sharing_a_folder_never_run_one_run_twice(tmp_path, monkeypatch):
+    """Two sweeps in one folder (disjoint shards on two GPUs, or the same grid started twice): a run
+    the other sweep is running (its folder's lock held, here by another process) is left to it."""
     from stages.experiments import offline
+    from stages.experiments.sweep import Run
 
     out = tmp_path / "out"
-    (out / "runs").mkdir(parents=True)
+    (out / "runs/r0").mkdir(parents=True)
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
                                "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
-                               str(out / ".sweep.lock")], stdout=subprocess.PIPE, text=True)
+                               str(out / "runs/r0/.lock")], stdout=subprocess.PIPE, text=True)
+    started, said = [], []
+    monkeypatch.setattr(offline, "_start", _finishing_at_once(offline, started))
+    monkeypatch.setattr(offline, "_prepared", lambda *a, **k: None)
+    runs = [Run("r0", {"seed": 0}), Run("r1", {"seed": 1})]
     try:
         assert holder.stdout.readline() == "held\n"
-        with pytest.raises(UserError, match=r"^--offline .*/out: another pbr sweep is running in this folder; wait"):
-            offline.run_all([], out, ROOT / "params.yaml", record="files")
+        assert offline.run_all(runs, out, ROOT / "params.yaml", jobs=2, record="files", log=said.append) == (1, 1, [])
     finally:
         holder.kill()
         holder.wait()
-    assert offline.run_all([], out, ROOT / "params.yaml", record="files", log=lambda _: None) == (0, 0, [])
+    assert started == ["r1"] and (out / "runs/r1/DONE").is_file() and not (out / "runs/r0/DONE").exists()
+    assert "r0: another sweep in" in "\n".join(said) and "1 left to another sweep in this folder" in said[-1]
+    # The other sweep gone (its lock with it), the run is this one's to run.
+    assert offline.run_all(runs, out, ROOT / "params.yaml", record="files", log=said.append) == (1, 1, [])
+    assert started == ["r1", "r0"]
 
 
 def test_a_run_that_ended_as_the_sweep_was_interrupted_is_done(tmp_path, monkeypatch):
@@ -271,18 +292,11 @@ def test_a_run_that_ended_as_the_sweep_was_interrupted_is_done(tmp_path, monkeyp
     from stages.experiments import offline
     from stages.experiments.sweep import Run
 
-    metrics = json.dumps({"class_il": {"acc": 50.0}, "task_il": {"acc": 80.0}})
-
-    def start(run, out, base, env, log):  # a run that ends at once, as a finished one does
-        d = out / "runs" / run.name
-        (d / "reports").mkdir(parents=True)
-        return offline._spawn(f"echo '{metrics}' > reports/metrics.json", d, dict(os.environ), d / "run.log")
-
     def sleep_then_ctrl_c(seconds):
         time.sleep(seconds)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(offline, "_start", start)
+    monkeypatch.setattr(offline, "_start", _finishing_at_once(offline, []))
     monkeypatch.setattr(offline, "_prepared", lambda *a, **k: None)
     monkeypatch.setattr(offline, "time", types.SimpleNamespace(time=time.time, sleep=sleep_then_ctrl_c))
     out = tmp_path / "out"

@@ -35,9 +35,26 @@ DONE = "DONE"
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")  # two sweeps in one folder never share one
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def _lock(path: Path, wait: bool):
+    """An exclusive lock on `path` (made if missing) for as long as the returned file stays open; None
+    when another process holds it and `wait` is False. Where the file system has no locks (some
+    Lustre and NFS mounts) it is the open file all the same: sweeps there must not share runs."""
+    import fcntl
+
+    f = open(path, "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        f.close()
+        return None
+    except OSError:  # no locks here (ENOSYS, ENOLCK)
+        pass
+    return f
 
 
 RECORD = ("auto", "mlflow", "files")
@@ -109,11 +126,13 @@ def _stage(cmd: str, cwd: Path, env: dict[str, str], log_file: Path) -> int:
     """`pbr cmd` in `cwd`, waited for; stopped as a run is (_stop) when the sweep is."""
     with open(log_file, "a") as log:
         log.write(f"\n$ pbr {cmd}\n")
-    proc = _spawn(_script(cmd), cwd, env, log_file)
+    proc = None
     try:
+        proc = _spawn(_script(cmd), cwd, env, log_file)
         return proc.wait()
     except BaseException:
-        _stop([proc])
+        if proc is not None:
+            _stop([proc])
         raise
 
 
@@ -151,6 +170,12 @@ def _prepared(out: Path, params: dict, env: dict[str, str], log: Callable[[str],
     own, where it matches and there is no raw data: _project_prepared)."""
     key = hashlib.sha256(json.dumps(params["data"], sort_keys=True).encode()).hexdigest()[:12]
     home = out / "data" / key
+    home.mkdir(parents=True, exist_ok=True)
+    with _lock(home / ".lock", wait=True):  # another sweep in this folder preparing it: wait, then use it
+        return _prepare_once(home, params, env, log)
+
+
+def _prepare_once(home: Path, params: dict, env: dict[str, str], log: Callable[[str], None]) -> Path:
     _drop_dangling(home / "data" / "prepared")
     if not (home / "data" / "prepared" / "manifest.json").is_file():
         local = _project_prepared(params)
@@ -217,9 +242,11 @@ def kills_interrupt():
     import threading
 
     def interrupt(signum, frame):
+        for sig in saved:  # a second kill is ignored rather than cutting the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt
 
-    saved = {}
+    saved: dict = {}
     if threading.current_thread() is threading.main_thread():
         saved = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)
                  if signal.getsignal(sig) == signal.SIG_DFL}
@@ -283,22 +310,8 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
         raise UserError(f"--jobs {jobs}: give at least 1 with --offline")
     out = out.expanduser().resolve()
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    with _only_sweep_in(out), kills_interrupt():
+    with kills_interrupt():
         return _run_all(runs, out, params_file, jobs, log, record)
-
-
-@contextlib.contextmanager
-def _only_sweep_in(out: Path):
-    """One sweep at a time in a folder: two would start the same runs in the same run folders."""
-    import fcntl
-
-    with open(out / ".sweep.lock", "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"--offline {out}: another pbr sweep is running in this folder; wait for it to end, "
-                            "or give another folder") from None
-        yield
 
 
 def _follow_move(db: Path) -> None:
@@ -308,12 +321,15 @@ def _follow_move(db: Path) -> None:
     import sqlite3
 
     here = (db.parent / "mlartifacts").as_uri()
-    with contextlib.closing(sqlite3.connect(db)) as c, c:
-        for (old,) in c.execute("SELECT artifact_location FROM experiments").fetchall():
-            if old and old.startswith("file:") and old.endswith("/mlartifacts") and old != here:
-                c.execute("UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) WHERE substr(artifact_uri, 1, ?) = ?",
-                          (here, len(old) + 1, len(old) + 1, old + "/"))
-                c.execute("UPDATE experiments SET artifact_location = ? WHERE artifact_location = ?", (here, old))
+    try:
+        with contextlib.closing(sqlite3.connect(db)) as c, c:
+            for (old,) in c.execute("SELECT artifact_location FROM experiments").fetchall():
+                if old and old.startswith("file:") and old.endswith("/mlartifacts") and old != here:
+                    c.execute("UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) "
+                              "WHERE substr(artifact_uri, 1, ?) = ?", (here, len(old) + 1, len(old) + 1, old + "/"))
+                    c.execute("UPDATE experiments SET artifact_location = ? WHERE artifact_location = ?", (here, old))
+    except sqlite3.Error:  # no tables yet (a first call killed early), or damaged: opening the store says so
+        pass
 
 
 def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[[str], None],
@@ -341,20 +357,34 @@ def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[
     # prepare stage records as part of the first run that needs its data (that run's stages join it).
     for r in todo:
         _prepared(out, _params(base, r.overrides), {**env, "DVC_EXP_NAME": r.name}, log)
-    skipped, done, failed = len(runs) - len(todo), 0, []
-    live: dict[str, tuple[Any, subprocess.Popen, float]] = {}
+    skipped, done, failed, elsewhere = len(runs) - len(todo), 0, [], 0
+    # Each live run holds its folder's lock: sweeps sharing this folder (disjoint shards, say) never
+    # start the same run twice; a run another one holds is left to it.
+    live: dict[str, tuple[Any, subprocess.Popen, float, Any]] = {}
     try:
         while todo or live:
             while todo and len(live) < jobs:
                 r = todo.pop(0)
-                live[r.name] = (r, _start(r, out, base, env, log), time.time())
+                d = out / "runs" / r.name
+                d.mkdir(parents=True, exist_ok=True)
+                lock = _lock(d / ".lock", wait=False)
+                if lock is None or (d / DONE).is_file():  # running, or finished meanwhile, in another sweep
+                    if lock is None:
+                        elsewhere += 1
+                        log(f"{r.name}: another sweep in {out} is running it; left to that one")
+                    else:
+                        lock.close()
+                        skipped += 1
+                    continue
+                live[r.name] = (r, _start(r, out, base, env, log), time.time(), lock)
                 log(f"started {r.name}")
             time.sleep(1.0)
-            for name, (r, proc, t0) in list(live.items()):
+            for name, (r, proc, t0, lock) in list(live.items()):
                 if proc.poll() is None:
                     continue
                 del live[name]
                 m = _finish(r, out, proc.returncode, time.time() - t0)
+                lock.close()
                 if m is None:
                     failed.append(name)
                     log(f"FAILED {name} (exit {proc.returncode}); see {out / 'runs' / name / 'run.log'}")
@@ -363,9 +393,11 @@ def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[
                     log(f"done {name} in {time.time() - t0:.0f} s: Class-IL {m['class_il']['acc']:.2f}, "
                         f"Task-IL {m['task_il']['acc']:.2f}")
     finally:  # Ctrl-C, a kill, or an error of the sweep's own: the runs it started stop with it
-        _stop([proc for _, proc, _ in live.values()])
-        for r, proc, t0 in live.values():  # one that ended before the interrupt was seen is done all the same
+        _stop([proc for _, proc, _, _ in live.values()])
+        for r, proc, t0, lock in live.values():  # one that ended before the interrupt was seen is done all the same
             _finish(r, out, proc.returncode, time.time() - t0)
-    log(f"{done} run{'s' * (done != 1)} finished, {skipped} already done, {len(failed)} failed; records in "
-        f"{records}: copy {out} to the project and run `pbr import {out}`")
-    return done, skipped, failed
+            lock.close()
+    log(f"{done} run{'s' * (done != 1)} finished, {skipped} already done, {len(failed)} failed"
+        + (f", {elsewhere} left to another sweep in this folder" if elsewhere else "")
+        + f"; records in {records}: copy {out} to the project and run `pbr import {out}`")
+    return done, skipped + elsewhere, failed
