@@ -54,6 +54,31 @@ def test_a_daemon_that_fails_to_start_is_reported(no_control):
     assert "-d exited 1: An instance of this daemon is already running" in said[0]
 
 
+def test_a_sweep_interrupted_while_its_daemon_starts_quits_the_daemon(no_control, tmp_path, monkeypatch):
+    """`nvidia-cuda-mps-control -d` forks the daemon off: an interrupt while it starts (a kill of the
+    sweep: offline.kills_interrupt) must still send it `quit`."""
+    import signal
+
+    control = no_control / mps.CONTROL
+    control.write_text('#!/bin/sh\nif [ "$1" = "-d" ]; then exec /bin/sleep 30; fi\n/bin/cat > "$MARK"\n')
+    control.chmod(0o755)
+    monkeypatch.setenv("MARK", str(tmp_path / "told"))
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with mps.daemon():
+                pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert (tmp_path / "told").read_text() == "quit\n"
+
+
 def test_a_cpu_run_records_no_sharing_whatever_the_environment(monkeypatch):
     import torch
 

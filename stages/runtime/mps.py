@@ -58,7 +58,11 @@ def daemon() -> Iterator[tuple[dict[str, str] | None, str]]:
     """A control daemon of our own for the block's duration: (the clients' env, why not), quit after."""
     # A daemon still writing its log as the folder goes must not turn a finished sweep into an error.
     with tempfile.TemporaryDirectory(prefix="pbr-mps-", ignore_cleanup_errors=True) as folder:
-        env, why = start(folder)
+        try:
+            env, why = start(folder)
+        except BaseException:  # interrupted while starting: a daemon that forked off before must quit too
+            stop({PIPE: os.path.join(folder, "pipe"), LOG: os.path.join(folder, "log")})
+            raise
         try:
             yield env, why
         finally:
