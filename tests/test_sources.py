@@ -172,3 +172,37 @@ def test_real_cifar10():
     assert ds.train_images.shape == (50000, 32, 32, 3) and ds.test_images.shape == (10000, 32, 32, 3)
     assert np.bincount(ds.train_labels).tolist() == [5000] * 10
     assert ds.class_names[0] == "airplane" and ds.class_names[9] == "truck"
+
+
+def test_a_cifar_archive_whose_checksum_fails_is_corrupt(tmp_path):
+    """gzip checks its CRC only at the end of the stream, which the members' reading stops short of: a
+    flipped bit in a member would load as altered pixels. Here the trailer's CRC is flipped."""
+    archive = fakedata.write_cifar(tmp_path, 10, 4, 2)
+    data = bytearray(archive.read_bytes())
+    data[-8] ^= 0x01  # the gzip trailer: CRC-32, then the size
+    archive.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"not a readable CIFAR-10 archive \(BadGzipFile: CRC check failed"):
+        load_raw("cifar10", tmp_path)
+
+
+def test_tinyimagenet_damaged_deflate_data_and_text_that_is_not_utf8(tmp_path):
+    import zipfile
+
+    stored = fakedata.write_tinyimagenet(tmp_path / "a", 1, 1, form="zip")
+    with zipfile.ZipFile(stored) as z:  # the official zip deflates its members; fakedata stores them
+        members = {i.filename: z.read(i) for i in z.infolist()}
+    with zipfile.ZipFile(stored, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, blob in members.items():
+            z.writestr(name, blob)
+    with zipfile.ZipFile(stored) as z:
+        info = z.getinfo(next(n for n in members if n.endswith("wnids.txt")))
+    data = bytearray(stored.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)  # the local header's size
+    data[start] ^= 0xFF  # the first deflate block's header
+    stored.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"wnids.txt cannot be read \((error|BadZipFile)\); replace the data"):
+        load_raw("tinyimagenet", tmp_path / "a")
+    folder = fakedata.write_tinyimagenet(tmp_path / "b", 1, 1, form="folder")
+    (folder / "wnids.txt").write_bytes(b"\xff\xfe not text")
+    with pytest.raises(DataError, match=r"wnids.txt is not UTF-8 text; replace the data"):
+        load_raw("tinyimagenet", tmp_path / "b")

@@ -10,6 +10,7 @@ import hashlib
 import io
 import pickle
 import tarfile
+import zlib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +103,10 @@ def _cifar_members(layout: _CifarLayout, path: Path) -> dict[str, bytes]:
                     base = m.name.rsplit("/", 1)[-1]
                     if m.isfile() and base in wanted and base not in found:
                         found[base] = tar.extractfile(m).read()
-        except (tarfile.TarError, EOFError, OSError) as e:
+                # To the end: gzip checks its CRC only there, and a flipped bit in a member would load.
+                while tar.fileobj.read(1 << 20):
+                    pass
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
             raise DataError(
                 f"{path}: not a readable {layout.title} archive ({type(e).__name__}: {(str(e).splitlines() or [''])[0]}); "
                 f"the file is truncated or corrupt, replace it"
@@ -208,8 +212,14 @@ class _TinyFiles:
             if self._zip is None:
                 return (self.path / rel).read_bytes()
             return self._zip.read(self.prefix + rel)
-        except (zipfile.BadZipFile, OSError, EOFError) as e:
+        except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as e:  # zlib: damaged deflated data
             raise DataError(f"{self.path}: {rel} cannot be read ({type(e).__name__}); replace the data") from None
+
+    def text(self, rel: str) -> str:
+        try:
+            return self.read(rel).decode()
+        except UnicodeDecodeError:
+            raise DataError(f"{self.path}: {rel} is not UTF-8 text; replace the data") from None
 
     def listdir(self, rel: str) -> list[str]:
         head = self.prefix + rel.rstrip("/") + "/"
@@ -222,7 +232,7 @@ def read_tinyimagenet(path: Path) -> RawDataset:
     # Label = the class's line in wnids.txt (not sorted, as ImageFolder would): Mammoth's seq-tinyimg,
     # whose baselines the paper's TinyImageNet table reports, numbers its classes in that order, and
     # under `ordered` the label decides a class's size and task.
-    wnids = files.read("wnids.txt").decode().split()
+    wnids = files.text("wnids.txt").split()
     if len(wnids) != 200 or len(set(wnids)) != 200:
         raise DataError(f"{path}: wnids.txt must list 200 distinct class ids, found {len(set(wnids))}")
     words = {}
@@ -242,7 +252,7 @@ def read_tinyimagenet(path: Path) -> RawDataset:
 
     # The official test split has no labels: val is the test set.
     t_blobs, t_labels = [], []
-    for line in files.read("val/val_annotations.txt").decode().splitlines():
+    for line in files.text("val/val_annotations.txt").splitlines():
         parts = line.split("\t")
         if len(parts) < 2:
             continue
