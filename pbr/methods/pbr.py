@@ -143,7 +143,8 @@ class PBR(ContinualMethod):
 
     @classmethod
     def score_dropout(cls, settings: dict[str, Any]) -> float:
-        rate = settings.get("mc_dropout", "auto")  # the rate the walk scored at
+        # The rate the walk scored at; a head without dropout (the walk's MI all 0) at the base's 0.1.
+        rate = settings.get("mc_dropout", "auto")
         return super().score_dropout(settings) if rate == "auto" else float(rate)
 
     @classmethod
