@@ -166,6 +166,7 @@ def test_a_run_that_changed_in_the_source_replaces_its_copy(source, template, tm
     shutil.copytree(source, folder)
     target = _store(template, tmp_path / "project")
     sync.import_runs(str(folder), target, "pbr", log=lambda m: None)
+    stale = shutil.copytree(folder, tmp_path / "laptop")  # a store that took its copies before the change
     failed = next(r for r in _source_runs(folder) if r.info.status == "FAILED")
     # Its stage is run again on the node and records more (the next import happens after that).
     c = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
@@ -178,6 +179,10 @@ def test_a_run_that_changed_in_the_source_replaces_its_copy(source, template, tm
     assert (copy.info.status, copy.info.end_time) == ("FINISHED", failed.info.end_time + 1000)
     assert _history(target, copy) == _history(f"sqlite:///{folder / 'mlflow.db'}", now)
     assert len(_history(target, copy)["train.loss"]) == 2
+    # The store that copied the run before it changed, imported later, does not bring the old copy back.
+    out = sync.import_runs(str(stale), target, "pbr", log=lambda m: None)
+    assert (out.imported, out.replaced, out.present) == (0, 0, 2)
+    assert _by_origin(target)[failed.info.run_id].info.end_time == failed.info.end_time + 1000
 
 
 def test_an_import_cut_short_is_deleted_and_copied_again(source, template, tmp_path):
@@ -196,6 +201,34 @@ def test_an_import_cut_short_is_deleted_and_copied_again(source, template, tmp_p
     assert MlflowClient(tracking_uri=target).get_run(part.info.run_id).info.lifecycle_stage == "deleted"
     copy = _by_origin(target)[done.info.run_id]
     assert len(_history(target, copy)["train.loss"]) == STEPS and sync.PENDING_TAG not in copy.data.tags
+    assert sync.BY_TAG not in copy.data.tags
+
+
+def test_a_copy_another_import_is_making_is_left_alone(source, template, tmp_path):
+    """Two teammates import into one server at once: a part copy whose importer is alive is not an
+    import cut short (deleting it failed the other import, or lost its copy)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from mlflow import MlflowClient
+
+    target = _store(template, tmp_path / "project")
+    c, exp_id = tracking.open_experiment(target, "pbr")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the other import
+    try:
+        by = f"{socket.gethostname()} {other.pid} {time.time():.0f}"
+        making = c.create_run(exp_id, tags={sync.PENDING_TAG: "elsewhere", sync.BY_TAG: by}).info.run_id
+        sync.import_runs(str(source), target, "pbr", log=lambda m: None)
+        assert MlflowClient(tracking_uri=target).get_run(making).info.lifecycle_stage == "active"
+    finally:
+        other.kill()
+        other.wait()
+    lines = []  # that importer gone, its part copy is what an import cut short leaves
+    sync.import_runs(str(source), target, "pbr", log=lines.append)
+    assert MlflowClient(tracking_uri=target).get_run(making).info.lifecycle_stage == "deleted"
+    assert any(line.startswith("deleted ") for line in lines)
 
 
 def test_an_old_file_store_imports_too(template, tmp_path, monkeypatch):

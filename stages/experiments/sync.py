@@ -18,6 +18,7 @@ the next stage on that machine has marked it KILLED, an import picks it up.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import urllib.parse
@@ -34,6 +35,8 @@ ORIGIN_TAG = "pbr.imported_from"      # the source run's id (its own origin when
 VERSION_TAG = "pbr.imported_version"  # the source run's status and end time when it was copied
 SOURCE_TAG = "pbr.imported_source"    # where it was imported from, for people
 PENDING_TAG = "pbr.importing"         # on a copy until it is whole
+BY_TAG = "pbr.importing_by"           # "host pid start-time" of the import making that copy
+ABANDONED_S = 3600  # a part copy older than this, made on another machine, is an import cut short
 UNFINISHED = ("RUNNING", "SCHEDULED")
 METRICS_PER_BATCH, PARAMS_TAGS_PER_BATCH = 1000, 100  # MLflow's log_batch limits
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -193,11 +196,28 @@ def _search(client, exp_id: str, filter_string: str = "", order_by: list[str] | 
             return found
 
 
+def _cut_short(tags: dict) -> bool:
+    """Whether a part copy was left by an import that stopped, not one another import is making now
+    (two teammates importing into one server at once): its importer is dead on this machine, or it
+    is over an hour old; a copy from before imports named themselves counts as left."""
+    import socket
+    import time
+
+    try:
+        host, pid, since = tags[BY_TAG].rsplit(" ", 2)
+        pid, since = int(pid), float(since)
+    except (KeyError, ValueError):
+        return True
+    if host == socket.gethostname() and pid != os.getpid():
+        return not tracking.pid_alive(pid)
+    return time.time() - since > ABANDONED_S
+
+
 def _copies(dst, exp_id: str, log: Callable[[str], None]) -> dict[str, tuple[str, str]]:
     """Origin -> (run id, version) of the whole copies in the target; deletes those an interrupted
     import left."""
     for run in _search(dst, exp_id, f"tags.`{PENDING_TAG}` LIKE '%'"):
-        if ORIGIN_TAG not in run.data.tags:
+        if ORIGIN_TAG not in run.data.tags and _cut_short(run.data.tags):
             dst.delete_run(run.info.run_id)
             log(f"deleted {run.info.run_name}: an import cut short left it part-copied (it is copied again)")
     return {r.data.tags[ORIGIN_TAG]: (r.info.run_id, r.data.tags.get(VERSION_TAG, ""))
@@ -233,7 +253,11 @@ def _copy_run(src_client, dst, exp_id: str, run, origin: str, version: str, labe
     from mlflow.entities import Metric, Param, RunTag
 
     info, data = run.info, run.data
-    rid = dst.create_run(exp_id, start_time=info.start_time, tags={PENDING_TAG: origin},
+    import socket
+    import time
+
+    by = f"{socket.gethostname()} {os.getpid()} {time.time():.0f}"
+    rid = dst.create_run(exp_id, start_time=info.start_time, tags={PENDING_TAG: origin, BY_TAG: by},
                          run_name=info.run_name).info.run_id
     for chunk in _chunks([Param(k, v) for k, v in data.params.items()], PARAMS_TAGS_PER_BATCH):
         dst.log_batch(rid, params=chunk)
@@ -244,13 +268,23 @@ def _copy_run(src_client, dst, exp_id: str, run, origin: str, version: str, labe
     if artifacts is not None:
         dst.log_artifacts(rid, str(artifacts))
     dst.set_terminated(rid, info.status, end_time=info.end_time)
-    tags = [RunTag(k, v) for k, v in data.tags.items() if k not in (ORIGIN_TAG, VERSION_TAG, SOURCE_TAG, PENDING_TAG)]
+    tags = [RunTag(k, v) for k, v in data.tags.items()
+            if k not in (ORIGIN_TAG, VERSION_TAG, SOURCE_TAG, PENDING_TAG, BY_TAG)]
     for chunk in _chunks(tags, PARAMS_TAGS_PER_BATCH):
         dst.log_batch(rid, tags=chunk)
     # The origin last: a copy that has it is whole.
     dst.log_batch(rid, tags=[RunTag(VERSION_TAG, version), RunTag(SOURCE_TAG, label), RunTag(ORIGIN_TAG, origin)])
     dst.delete_tag(rid, PENDING_TAG)
+    dst.delete_tag(rid, BY_TAG)
     return rid
+
+
+def _end(version: str) -> int:
+    """The end time in a copy's version ("STATUS:end_time"); -1 where there is none."""
+    try:
+        return int(version.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return -1
 
 
 def import_runs(source: str, target_uri: str, experiment: str, with_artifacts: bool = True,
@@ -301,7 +335,9 @@ def _import(source: str, target_uri: str, experiment: str, with_artifacts: bool,
             origin = run.data.tags.get(ORIGIN_TAG) or info.run_id
             version = f"{info.status}:{info.end_time}"
             old = copies.get(origin)
-            if (old is not None and old[1] == version) or (old is None and _original_here(dst, origin)):
+            # A copy the target holds stays unless this one is later (a later stage finished on the run):
+            # an older copy, arriving through a store imported before that stage, never replaces it.
+            if (old is not None and _end(version) <= _end(old[1])) or (old is None and _original_here(dst, origin)):
                 out.present += 1
                 continue
             if old is not None:
