@@ -335,7 +335,12 @@ def test_plain_files_mark_a_dead_stage_killed_and_skip_a_torn_line(tmp_path, tem
     assert [(m.value, m.step) for m in reader.get_metric_history(gone, "train.loss")] == [(2.0, 0), (1.0, 1)]
     # Read again before it is marked: a run whose stage finished since the scan stays as it is.
     [done] = [r.info.run_id for r in reader.search_runs(["pbr"]) if r.info.status == "FINISHED"]
-    assert not rec.kill_if_running(done)
+    assert not rec.kill_if_running(done, "1")
+    # Nor one the next stage joined since the scan (RUNNING again, under that stage's pid).
+    rec.set_status(done, "RUNNING")
+    rec.log(done, tags={"pbr.pid": str(os.getpid())})
+    assert not rec.kill_if_running(done, "1")
+    rec.set_status(done, "FINISHED")
     assert {r.info.run_id: r.info.status for r in reader.search_runs(["pbr"])}[done] == "FINISHED"
     target = _store(template, tmp_path / "project")
     out = sync.import_runs(str(folder), target, "pbr", log=lambda m: None)

@@ -107,11 +107,11 @@ class Recorder:
         info.update(status=status, end_time=None if status == "RUNNING" else _now_ms())
         _replace(d / RUN, info)
 
-    def kill_if_running(self, rid: str) -> bool:
-        """KILLED if the run is still RUNNING now (read again: its stage may have finished since the scan;
-        the caller has seen that stage's process gone, so nothing writes the run any more)."""
+    def kill_if_running(self, rid: str, pid: str) -> bool:
+        """KILLED if the run is still RUNNING now under the process `pid` the caller has seen gone (read
+        again: its stage may have finished since the scan, or the next stage joined it)."""
         info = _read(self.home / rid / RUN)
-        if info is None or info["status"] != "RUNNING":
+        if info is None or info["status"] != "RUNNING" or (_read(self.home / rid / TAGS) or {}).get("pbr.pid") != pid:
             return False
         self.set_status(rid, "KILLED")
         return True

@@ -293,8 +293,10 @@ class _MlflowRecorder:
         else:
             self.client.set_terminated(run_id, status)
 
-    def kill_if_running(self, run_id: str) -> bool:
-        if self.client.get_run(run_id).info.status != "RUNNING":  # its stage finished since the scan
+    def kill_if_running(self, run_id: str, pid: str) -> bool:
+        run = self.client.get_run(run_id)
+        # Its stage finished since the scan, or the next stage joined it (another pid): it lives.
+        if run.info.status != "RUNNING" or run.data.tags.get("pbr.pid") != pid:
             return False
         self.client.set_terminated(run_id, "KILLED")
         return True
@@ -341,7 +343,7 @@ def mark_killed(rec) -> list[str]:
     for run_id, tags in rec.running():
         pid = tags.get("pbr.pid")
         if tags.get("pbr.host") == host and pid and pid.isdigit() and not pid_alive(int(pid)) \
-                and rec.kill_if_running(run_id):
+                and rec.kill_if_running(run_id, pid):
             killed.append(run_id)
     return killed
 
