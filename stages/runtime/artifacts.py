@@ -125,6 +125,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _sync_tree(folder: Path) -> None:
+    for f in sorted(folder.rglob("*")):
+        if f.is_file() and not f.is_symlink():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_dir(path: Path):
     """Yield an empty temporary folder; on success it replaces `path` in one rename."""
@@ -135,6 +145,7 @@ def atomic_dir(path: Path):
     tmp.mkdir()
     try:
         yield tmp
+        _sync_tree(tmp)  # on disk before the rename makes it a finished folder (a power cut, not only a kill)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
