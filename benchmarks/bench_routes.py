@@ -59,7 +59,7 @@ import time
 import warnings
 from pathlib import Path
 
-from common import exit_on_sigterm, machine, ready_then_wait, row, start_together
+from common import compile_threads, exit_on_sigterm, machine, ready_then_wait, row, start_together
 
 FULL_RUN_CURRENT_IMAGES = 620_000
 FORMATS = {"fp32", "bf16", "fp32+cl", "bf16+cl"}  # --process-formats
@@ -478,9 +478,8 @@ class Routes:
             cmd += ["--compile", "reduce-overhead"] if graphs else []
             cmd += ["--precision", fmt.split("+")[0]] + (["--channels-last"] if fmt.endswith("+cl") else [])
         env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-        if graphs and "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
-            # n processes compile at once: inductor's default pool (one worker a core) each would be n x cores.
-            env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 1) // n_procs))
+        if graphs:
+            env.update(compile_threads(n_procs))
         results, errors = [], []
         with tempfile.TemporaryDirectory() as folder:
             cmd += ["--device", a.device, "--width", str(a.width), "--batch", str(a.batch),

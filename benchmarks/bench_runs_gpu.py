@@ -389,7 +389,7 @@ def main() -> None:
     # A call stopped at its limit (SIGTERM) unwinds as Ctrl-C does: its runs are stopped and the MPS
     # daemon quits, so the next call finds the GPU as this one found it.
     sys.path.insert(0, str(HERE))
-    from common import exit_on_sigterm
+    from common import compile_threads, exit_on_sigterm
 
     exit_on_sigterm()
     from stages.experiments.sweep import _merged, parse_seeds, plan
@@ -450,10 +450,7 @@ def main() -> None:
                                           "set": a.set}
                 write(out, result, quiet=True)
 
-            child_env = dict(env)
-            if graphs and "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
-                # n runs compile at once: inductor's default pool (one worker a core) each would be n x cores.
-                child_env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
+            child_env = {**env, **(compile_threads(n) if graphs else {})}
             said: list[str] = []  # why MPS did not start, for the phase's row
 
             def tell(m, said=said):

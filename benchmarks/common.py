@@ -36,6 +36,14 @@ def machine() -> str:
     return f"{dev}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
+def compile_threads(n_processes: int) -> dict[str, str]:
+    """The environment for n processes compiling at once: inductor's default pool (a worker a core)
+    in each would be n x cores workers. Empty where TORCHINDUCTOR_COMPILE_THREADS is already set."""
+    if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ:
+        return {}
+    return {"TORCHINDUCTOR_COMPILE_THREADS": str(max(1, (os.cpu_count() or 1) // n_processes))}
+
+
 def exit_on_sigterm() -> None:
     """SIGTERM (a device call stopped at its limit) unwinds as Ctrl-C does, so `finally` blocks stop
     child runs and quit an MPS daemon; a second SIGTERM is ignored rather than cutting that short."""

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
+import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,9 +202,6 @@ def _cut_short(tags: dict) -> bool:
     """Whether a part copy was left by an import that stopped, not one another import is making now
     (two teammates importing into one server at once): its importer is dead on this machine, or it
     is over an hour old; a copy from before imports named themselves counts as left."""
-    import socket
-    import time
-
     try:
         host, pid, since = tags[BY_TAG].rsplit(" ", 2)
         pid, since = int(pid), float(since)
@@ -253,9 +252,6 @@ def _copy_run(src_client, dst, exp_id: str, run, origin: str, version: str, labe
     from mlflow.entities import Metric, Param, RunTag
 
     info, data = run.info, run.data
-    import socket
-    import time
-
     by = f"{socket.gethostname()} {os.getpid()} {time.time():.0f}"
     rid = dst.create_run(exp_id, start_time=info.start_time, tags={PENDING_TAG: origin, BY_TAG: by},
                          run_name=info.run_name).info.run_id
