@@ -202,6 +202,14 @@ class PODNetPlus(ContinualMethod):
     def predict(self, x: torch.Tensor, task: int | None = None) -> torch.Tensor:
         return self.lsc(self.net.features(x)) * self.scales
 
+    def classifier_norms(self) -> torch.Tensor:
+        # A class's score is its stage-2 scale times a similarity in [-1, 1] (normalised proxies):
+        # the scale is to the LSC what a row's norm is to a cosine head. The Net's head is never trained.
+        return self.scales.detach().float().cpu()
+
+    def mc_network(self) -> None:
+        return None  # it predicts with the LSC: the Net's head (what MC dropout samples) is untrained
+
     def model_state(self) -> dict[str, Any]:
         return {"state_dict": self.net.state_dict(), "lsc": self.lsc.state_dict(), "scales": self.scales.clone()}
 
