@@ -75,6 +75,31 @@ def test_prs_accepts_with_probability_target_over_seen():
     assert slot < 4 and policy.slots[slot] == 0
 
 
+def test_prs_lets_a_class_pushed_out_come_back_at_its_last_share():
+    """The authors' code (cdjkim/PRS, SubStream.proportion) keeps the share a class had when it was
+    last in memory: capacity 3, one sample each of classes 0, 1, 2 (share 1/3 each); a class-3
+    sample evicts the class-2 one. The next class-2 sample has target 3 x 1/3 = 1 and n = 1 seen:
+    probability 1 (a share of 0 refused it, and every later one, for good)."""
+    policy = _policy("prs", 3, rho=0.0)
+    for label in (0, 1, 2):
+        policy.place(label, [0.0, 0.0, 0.0])
+    assert policy.place(3, [0.0, 0.99, 0.0]) == 2 and policy.slots == [0, 1, 3]
+    slot = policy.place(2, [0.999, 0.0, 0.0])
+    assert slot < 3 and policy.slots[slot] == 2
+    # It comes back in a resumed run too: the share is part of the policy's saved state.
+    again = _policy("prs", 3, rho=0.0)
+    for label in (0, 1, 2):
+        again.place(label, [0.0, 0.0, 0.0])
+    again.place(3, [0.0, 0.99, 0.0])
+    state = again.state_dict()
+    resumed = _policy("prs", 3, rho=0.0)
+    resumed.buffer.write(torch.arange(3), torch.zeros(3, *resumed.buffer.images.shape[1:], dtype=torch.uint8),
+                         torch.tensor([0, 1, 3]), torch.zeros(3, dtype=torch.int64))
+    resumed.buffer.size = 3
+    resumed.load_state_dict(state)
+    assert resumed.place(2, [0.999, 0.0, 0.0]) < 3
+
+
 @pytest.mark.parametrize("name", ["prs", "cbrs"])
 def test_training_keeps_the_host_labels_and_the_buffer_in_step(name):
     method, ctx = _setup(name, buffer_size=8)
