@@ -473,7 +473,8 @@ def test_the_figure_draws_the_table_and_marks_the_papers_numbers(env):
 
 
 def test_paper_marks_only_where_the_paper_has_a_number():
-    """JOINT has no Task-IL number, PNN no Class-IL one, PBR at lr 0.03 and the proxy budget none."""
+    """JOINT has no Task-IL number, PNN no Class-IL one, the proxy budget none. PBR at lr 0.03 is PBR
+    as the paper ran it (every method at 0.03): its number, as the row at PBR's own lr has it."""
     from stages.experiments.report_figures import table_figure
 
     p = {**BASE, "seed": "0", "train.device": "cpu"}
@@ -487,7 +488,7 @@ def test_paper_marks_only_where_the_paper_has_a_number():
     panels = _drawn(table_figure(full, fgs, "acc", fpaper))
     c, t = panels["Seq-CIFAR-10-LT (5 tasks): Class-IL"], panels["Seq-CIFAR-10-LT (5 tasks): Task-IL"]
     assert c["rows"] == ["JOINT", "PNN", "PBR (lr 0.03) · 200"]
-    assert c["paper"] == [(70.36, 0)] and t["paper"] == [(84.72, 1)]
+    assert c["paper"] == [(70.36, 0), (51.00, 2)] and t["paper"] == [(84.72, 1), (89.99, 2)]
     assert c["mean"] == [(70, 0), (40, 2)]  # PNN's Class-IL is "-" in the table: nothing drawn
     assert (proxy_title, ppaper) == ("## ordered, IR 0.01 (proxy)", False)
     assert all("paper" not in p for p in _drawn(table_figure(proxy_title, pgs, "acc", ppaper)).values())

@@ -196,8 +196,12 @@ class Group:
     def paper(self) -> tuple[float | None, float | None]:
         from stages.experiments.paper_results import PAPER_RESULTS
 
-        return PAPER_RESULTS.get((self.setting, self.imbalance_ratio, self.dataset, self.method,
-                                  self.buffer_size), (None, None))
+        key = (self.setting, self.imbalance_ratio, self.dataset, self.method, self.buffer_size)
+        at_paper_lr = f" (lr {PAPER_LR:g})"
+        if key not in PAPER_RESULTS and self.method.endswith(at_paper_lr):
+            # "ER (lr 0.03)" is ER as the paper ran it (every method at 0.03): its number too.
+            key = (*key[:3], self.method.removesuffix(at_paper_lr), key[4])
+        return PAPER_RESULTS.get(key, (None, None))
 
     def paper_n_tasks(self) -> int | None:
         from stages.experiments.paper_results import PAPER_N_TASKS
