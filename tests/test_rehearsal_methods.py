@@ -86,7 +86,7 @@ def test_fdr_takes_a_second_step_on_the_memory_weighted_by_alpha():
 
 def test_hal_ring_keeps_each_tasks_latest_samples():
     """capacity 8 // 2 tasks = 4 slots a task, each holding its task's latest 4 samples, in order."""
-    method, ctx = _setup("hal", n_classes=4, n_tasks=2, buffer_size=8)
+    method, ctx = _setup("hal", n_classes=4, n_tasks=2, buffer_size=8, hal_memory="ring")
     for t in (0, 1):
         images, labels = _task(t)
         method.begin_task(t, images, labels)
@@ -98,6 +98,24 @@ def test_hal_ring_keeps_each_tasks_latest_samples():
         stored = sorted(map(tuple, method.buffer.images[4 * t:4 * t + 4].flatten(1)[:, :6].tolist()))
         assert stored == sorted(map(tuple, images[20:24].flatten(1)[:, :6].tolist()))
     assert len(method.buffer) == 8 and method.buffer.tasks[:8].tolist() == [0] * 4 + [1] * 4
+
+
+def test_hals_memory_by_default_is_one_reservoir_over_the_stream_as_mammoth_runs_it():
+    """A long-tailed stream, 200 samples of task 0 then 10 of task 1, capacity 20: a ring per task
+    gives task 1 10 slots (all its samples); Mammoth's hal @5bb9275 keeps one reservoir, where each
+    task-1 sample enters with probability 20 / (n + 1), about 1 slot in all (over 5: p < 1e-3)."""
+    held = {}
+    for memory in ("reservoir", "ring"):
+        method, ctx = _setup("hal", n_classes=4, n_tasks=2, buffer_size=20, hal_memory=memory)
+        for t, n in ((0, 200), (1, 10)):
+            images = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(t))
+            labels = 2 * t + torch.arange(n) % 2
+            method.begin_task(t, images, labels)
+            method.begin_epoch(0)
+            method.offer(images, labels)
+        held[memory] = int((method.buffer.tasks[: len(method.buffer)] == 1).sum())
+        assert len(method.buffer) == 20
+    assert held["ring"] == 10 and held["reservoir"] <= 5, held
 
 
 def test_hal_anchor_is_forgotten_by_the_memory_step_more_than_its_start():
@@ -156,7 +174,7 @@ def test_hal_refuses_a_buffer_smaller_than_its_tasks_in_one_line():
     from pbr.errors import UserError
 
     with pytest.raises(UserError, match=r"method.buffer_size = 1 leaves HAL's per-task ring empty"):
-        _setup("hal", n_classes=4, n_tasks=2, buffer_size=1)
+        _setup("hal", n_classes=4, n_tasks=2, buffer_size=1, hal_memory="ring")
 
 
 # Mammoth utils/best_args.py @5bb9275, transcribed by hand: (lr, and the method's own keys) per

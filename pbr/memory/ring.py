@@ -1,5 +1,6 @@
-"""HAL's memory (Mammoth's ring buffer): a ring per task, each task keeping its latest
-capacity // tasks stream samples (the learner's stream gives the number of tasks)."""
+"""HAL's memory with `hal_memory: ring` (the ring buffer Mammoth's hal asks for): a ring per task,
+each task keeping its latest capacity // tasks stream samples (the learner's stream gives the
+number of tasks)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,16 @@
-"""HAL: hindsight anchor learning (Chaudhry et al. 2021), as Mammoth's `hal`.
+"""HAL: hindsight anchor learning (Chaudhry et al. 2021), as Mammoth's `hal` @5bb9275.
 
-The memory is a ring per task (pbr/memory/ring.py): each task keeps its latest capacity // tasks
-stream samples. Each
+The memory (`hal_memory`):
+- "reservoir" (default): one online reservoir over the whole stream, as ER's. It is what
+  Mammoth's `hal` @5bb9275 runs: it asks its Buffer for mode='ring', but that Buffer's add_data
+  always takes the reservoir's slot (the ring's index function is set and never called), and
+  HAL's end_task never resets the count (it compares the task with n_tasks).
+- "ring": a ring per task (pbr/memory/ring.py), each task keeping its latest capacity // tasks
+  stream samples: the ring Mammoth's code asks for (and the HAL paper's episodic memory is a ring
+  buffer). On a long-tailed stream it gives every task an equal share, where the reservoir's
+  shares follow the tasks' sizes; a task smaller than its share holds repeats of its samples
+  after several epochs. Runs recorded before this setting existed ran the ring.
+Each
 step first takes ER's step to a temporary theta~ (CE on the current and a memory batch), then goes
 back to theta and steps on CE + hal_lambda * mean ||f_theta(e) - f_theta~(e)||^2 over the anchors
 e, so the update keeps the anchors' outputs where the plain step would leave them. phi, a running
@@ -15,23 +24,20 @@ uniform noise, 100 SGD steps minimise  -CE(theta_m(e), c) + CE(theta(e), c)
 an anchor is a point of class c that a step on the memory would forget most, kept near the data.
 The anchor search runs the networks in eval mode (Mammoth runs single images through train-mode
 BatchNorm).
-
-Replay draws from the filled slots only. Mammoth's ring buffer (utils/ring_buffer.py @5bb9275)
-draws from every slot: it counts a slot as filled when its label is not -1, but its labels start
-at 0, so until the rings fill it also replays blank images labelled class 0, a bug not copied here.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
 from pbr.errors import UserError
+from pbr.memory.reservoir import Reservoir
 from pbr.memory.ring import TaskRing
-from pbr.methods.base import MAMMOTH, Auto, Best, ContinualMethod, Setting, non_negative
+from pbr.methods.base import MAMMOTH, RESERVOIR, Auto, Best, ContinualMethod, Setting, non_negative
 
 ANCHOR_STEPS = 100  # Mammoth's steps_on_anchors
 SETTINGS = (
@@ -41,6 +47,10 @@ SETTINGS = (
             "a number >= 0 or auto"),
     Setting("hal_gamma", float | Auto, "auto", "HAL: weight of the anchors' distance to phi", non_negative,
             "a number >= 0 or auto"),
+    Setting("hal_memory", Literal["reservoir", "ring"], "reservoir",
+            "HAL's memory: one online reservoir (what Mammoth's hal @5bb9275 runs) or a ring per task, each "
+            "keeping its latest capacity // tasks samples (the ring Mammoth's code asks for)", before="ring"),
+    RESERVOIR,
 )
 
 
@@ -70,7 +80,7 @@ def learn_anchor(theta: torch.nn.Module, spare: torch.nn.Module, c: int, phi: to
 class HAL(ContinualMethod):
     name = "hal"
     label = "HAL"
-    memory = TaskRing
+    memory = Reservoir  # or a ring per task (hal_memory: ring): make_policy
     settings = SETTINGS
     defaults = {**ContinualMethod.defaults, "hal_lambda": 0.1, "hal_beta": 0.5, "hal_gamma": 0.1}
     defaults_source = "Mammoth's hal defaults (lambda 0.1, beta 0.5, gamma 0.1); the paper's common protocol otherwise"
@@ -82,11 +92,22 @@ class HAL(ContinualMethod):
 
     def __init__(self, net, ctx, opts) -> None:
         super().__init__(net, ctx, opts)
-        if opts.buffer_size < len(ctx.task_classes):
+        if opts.hal_memory == "ring" and opts.buffer_size < len(ctx.task_classes):
             raise UserError(f"method.buffer_size = {opts.buffer_size} leaves HAL's per-task ring empty: use at least "
                             f"one slot per task ({len(ctx.task_classes)})")
         self.anchors: torch.Tensor | None = None  # [classes so far, C, H, W], normalised input space
         self.phi: torch.Tensor | None = None
+
+    @classmethod
+    def reads(cls, key: str, settings: dict[str, Any]) -> bool:
+        if key == "reservoir":
+            return settings.get("hal_memory") != "ring"
+        return super().reads(key, settings)
+
+    def make_policy(self, buffer):
+        if self.opts.hal_memory == "ring":
+            return TaskRing(buffer, self.ctx.generator, self)
+        return super().make_policy(buffer)
 
     def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
         inputs, labels = x, y
