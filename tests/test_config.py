@@ -206,3 +206,32 @@ def test_a_new_method_declares_its_settings_in_its_own_file(monkeypatch):
     monkeypatch.setitem(METHODS, "clash", Clash)
     with pytest.raises(TypeError, match="method.reservoir is shared but declared differently"):
         config._method_config()
+
+
+def test_params_read_as_dvc_writes_and_reads_them(tmp_path):
+    """`dvc exp run -S` writes params.yaml through DVC's own override code (ruamel, YAML 1.2):
+    `train.lr=1e-5` becomes `lr: 1e-05`, which YAML 1.1 (PyYAML's SafeLoader) reads as the string
+    '1e-05', refused as not a number. And the values YAML 1.1 reads otherwise than DVC does (its
+    dvc.lock and `dvc exp show` records of the run) are read as DVC reads them."""
+    from dvc.utils.hydra import apply_overrides
+    from ruamel.yaml import YAML
+
+    p = tmp_path / "params.yaml"
+    p.write_text((ROOT / "params.yaml").read_text())
+    apply_overrides(p, ["train.lr=1e-5", "method.pbr.mi_outliers=0.00005"])
+    p.write_text(p.read_text().replace("\nseed: 0", "\nseed: 010"))
+    cfg = load_config(p)
+    assert cfg.train.lr == 1e-5 and cfg.method.pbr.mi_outliers == 5e-5 and cfg.seed == 10
+    dvc_reads = YAML(typ="safe").load(p.read_text())
+    assert (dvc_reads["train"]["lr"], dvc_reads["seed"]) == (cfg.train.lr, cfg.seed)
+    # YAML 1.1's yes, octal 010 and sexagesimal 1:30 are a string, 10 and a string to DVC
+    p.write_text("seed: 1:30\n")
+    with pytest.raises(ConfigError, match="seed = '1:30'"):
+        load_config(p)
+    p.write_text("data:\n  download: yes\n")
+    with pytest.raises(ConfigError, match="data.download = 'yes'"):
+        load_config(p)
+    # a sweep's own key=value options read their values the same way
+    from stages.experiments.sweep import parse_assignments
+
+    assert parse_assignments(["train.lr=1e-5", "seed=010"], "--only") == {"train.lr": 1e-5, "seed": 10}

@@ -30,6 +30,7 @@ import yaml
 
 from pbr.errors import UserError
 from stages.runtime.paths import from_repo
+from stages.runtime.yaml12 import read_params
 
 DONE = "DONE"
 
@@ -337,7 +338,7 @@ def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[
     from stages.runtime import journal
 
     root = Path(__file__).resolve().parents[2]  # the checkout whose code the runs use
-    base = yaml.safe_load(params_file.read_text())
+    base = read_params(params_file)
     store = store_uri(out, record)
     env = _env(out, root, store)
     records = out / "mlflow.db" if store.startswith("sqlite:") else out / JOURNAL_DIR

@@ -22,6 +22,7 @@ import yaml
 from pbr.data.facts import DATASETS as FACTS
 from pbr.errors import UserError
 from stages.experiments.paper_results import PAPER_N_TASKS
+from stages.runtime.yaml12 import read_params, read_yaml
 
 DATASETS = tuple(FACTS)
 SHORT = {k: d.short for k, d in FACTS.items()}
@@ -257,8 +258,8 @@ def parse_assignments(items: list[str], option: str, many: bool = False) -> dict
         if not sep or not key.strip() or not value.strip():
             raise UserError(f"{option} {item!r}: write it as key=value, e.g. {option} train.epochs=5")
         try:
-            out[key.strip()] = ([yaml.safe_load(v) for v in value.split(",")] if many
-                                else yaml.safe_load(value))
+            out[key.strip()] = ([read_yaml(v) for v in value.split(",")] if many
+                                else read_yaml(value))
         except yaml.YAMLError:
             raise UserError(f"{option} {item!r}: the value is not valid YAML") from None
     return out
@@ -331,7 +332,7 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
         if seeds < 1:
             raise UserError(f"--seeds {seeds}: give at least 1 (seeds 0..N-1 are run)")
         seeds = list(range(seeds))
-    base = yaml.safe_load(params_file.read_text()) if params_file.is_file() else None
+    base = read_params(params_file) if params_file.is_file() else None
     if not isinstance(base, dict):
         raise UserError(f"{params_file}: no parameters file here; run pbr sweep in the project's root")
     filters = {k: v if isinstance(v, list) else [v] for k, v in only.items()}
@@ -420,7 +421,7 @@ def parse_jobs(text: str) -> int | str:
 def on_gpu(runs: list[Run], params_file: Path, cuda_devices: int | None = None) -> bool:
     """Whether the runs train on a CUDA GPU: a run's `train.device` is cuda, or auto on a machine
     that has one."""
-    base = yaml.safe_load(params_file.read_text())
+    base = read_params(params_file)
     devices = [str(_lookup(base, r.overrides, "train.device")) for r in runs]
     if all(d == "cpu" for d in devices):
         return False
@@ -446,7 +447,7 @@ def auto_jobs(runs: list[Run], params_file: Path, gpu: bool, mps: bool = False,
 
     if cores is None:
         cores = available_cores()
-    base = yaml.safe_load(params_file.read_text())
+    base = read_params(params_file)
     threads = max((of_a_run(_lookup(base, r.overrides, "train.threads")) for r in runs), default=1)
     n = max(1, cores // threads)
     return n, f"{n} run(s) at once: {cores} CPU core(s), {threads} torch thread(s) a run"

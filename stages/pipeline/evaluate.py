@@ -43,11 +43,11 @@ def dvc_lock_hashes(lock_path=paths.DVC_LOCK) -> dict[str, str]:
     models and buffers), as dvc.lock records them: how MLflow links to them. DVC runs and records
     those before this stage; any other stage's entry (score's, this stage's own) may be an earlier
     execution's while this one runs."""
-    import yaml
+    from stages.runtime.yaml12 import read_yaml
 
     if not lock_path.is_file():
         return {}
-    lock = yaml.safe_load(lock_path.read_text()) or {}
+    lock = read_yaml(lock_path.read_text()) or {}
     reads = {paths.PREPARED.as_posix(), paths.TRAIN.as_posix()}
     return {f"dvc.md5.{o['path']}": o.get("md5", "") for st in (lock.get("stages") or {}).values()
             if any(o["path"] in reads for o in st.get("outs", []) or []) for o in st["outs"]}

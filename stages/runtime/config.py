@@ -17,6 +17,7 @@ from typing import Any, Callable, Literal
 
 from pbr.data.facts import DATASETS
 from pbr.errors import UserError
+from stages.runtime.yaml12 import read_params
 
 N_CLASSES = {k: d.n_classes for k, d in DATASETS.items()}
 
@@ -305,46 +306,5 @@ def from_dict(raw: Any, source: str = "params.yaml") -> Config:
 
 
 def load_config(path: str | Path = "params.yaml") -> Config:
-    import yaml
-
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such parameters file; run from the project root or pass --params")
-    try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader())  # noqa: S506 (a SafeLoader)
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or ""
-        if problem.startswith("the key"):
-            raise ConfigError(f"{path}: {problem}{where}; keep one of them") from None
-        raise ConfigError(f"{path}: not valid YAML{where}; fix the syntax") from None
-    return from_dict(raw, str(path))
-
-
-def _unique_key_loader():
-    """yaml's SafeLoader, except that a key given twice in one section is an error, not the last
-    value silently winning (DVC reads the same file)."""
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    def mapping(loader, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden
-                continue
-            key = loader.construct_object(key_node, deep=deep)
-            if not isinstance(key, typing.Hashable):
-                continue  # yaml's own error below names it
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
-                                                        key_node.start_mark)
-            seen.add(key)
-        return yaml.SafeLoader.construct_mapping(loader, node, deep)
-
-    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    return Loader
+    return from_dict(read_params(path, ConfigError), str(path))

@@ -1,0 +1,86 @@
+"""params.yaml and dvc.lock read as DVC reads them (ruamel's YAML 1.2), with PyYAML; no torch here,
+so the sweep's planning and `pbr --help` stay light."""
+
+from __future__ import annotations
+
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pbr.errors import UserError
+
+
+def read_params(path: Path, error: type[UserError] = UserError) -> Any:
+    """A parameters file read as `read_yaml` reads it; a file that is missing, not UTF-8 or not
+    valid YAML (a key given twice included) raises `error` in one line naming it."""
+    if not path.is_file():
+        raise error(f"{path}: no such parameters file; run from the project root or pass --params")
+    try:
+        return read_yaml(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or ""
+        if problem.startswith("the key"):
+            raise error(f"{path}: {problem}{where}; keep one of them") from None
+        raise error(f"{path}: not valid YAML{where}; fix the syntax") from None
+
+
+def read_yaml(text: str) -> Any:
+    """YAML text as this project and DVC read it (`_unique_key_loader`); raises yaml.YAMLError."""
+    return yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 (a SafeLoader)
+
+
+def _unique_key_loader():
+    """yaml's SafeLoader, except that a key given twice in one section is an error, not the last
+    value silently winning, and that scalars read as YAML 1.2 reads them: DVC reads and writes this
+    file with ruamel's YAML 1.2, so `dvc exp run -S train.lr=1e-5` writes `lr: 1e-05`, a float there
+    and a string to PyYAML's YAML 1.1; and 1.1's `yes`, `on`, `010` (octal 8) or `1:30` (90) are
+    the strings 'yes', 'on', 10 and '1:30' in DVC's records of the run."""
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    one_one = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in one_one]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    # The YAML 1.2 core schema's booleans, integers and floats.
+    Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                 list("tTfF"))
+    Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+                                 list("-+0123456789"))
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+                   r"|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+
+    def integer(loader, node):
+        text = loader.construct_scalar(node)
+        if text.startswith("0o"):
+            return int(text[2:], 8)
+        return int(text, 16) if text.startswith("0x") else int(text, 10)
+
+    Loader.add_constructor("tag:yaml.org,2002:int", integer)
+
+    def mapping(loader, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden
+                continue
+            key = loader.construct_object(key_node, deep=deep)
+            if not isinstance(key, typing.Hashable):
+                continue  # yaml's own error below names it
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return Loader
