@@ -4,10 +4,13 @@
 here the stage's own behaviour is checked without paying process start-up per run."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 import shutil
 
 import pytest
+import yaml
 
 import fakedata
 from pbr.methods import METHODS
@@ -255,6 +258,29 @@ def test_dvc_deps_of_train_are_what_the_resume_fingerprint_hashes(tmp_path):
     assert train.code_hash(tmp_path) == before
     (tmp_path / "pbr/methods/er.py").write_text((tmp_path / "pbr/methods/er.py").read_text() + "\n# an edit\n")
     assert train.code_hash(tmp_path) != before
+
+
+def test_every_library_module_training_loads_is_in_the_fingerprint_or_shapes_no_weights():
+    """pbr/data/facts.py (the normalisation constants every input goes through) was left out: an
+    edit to them kept the trained model. A module the train stage loads is hashed, or named here
+    with why it cannot change the weights."""
+    from stages.runtime import paths
+
+    root = Path(__file__).resolve().parents[1]
+    shapes_no_weights = {
+        "pbr/__init__.py", "pbr/errors.py",  # the package; error messages
+        # the raw archives to prepared shards: they reach training as data/prepared, hashed itself
+        "pbr/data/__init__.py", "pbr/data/longtail.py", "pbr/data/sources.py",
+    }
+    r = subprocess.run([sys.executable, "-c", "import sys, stages.pipeline.train, stages.pipeline.trained\n"
+                        "import pbr.loop, pbr.methods, pbr.data.shards, pbr.data.augment\n"
+                        "print('\\n'.join(m.__file__ for n, m in sys.modules.items() if n.split('.')[0] == 'pbr'))"],
+                       cwd=root, capture_output=True, text=True, check=True)
+    loaded = {Path(f).resolve().relative_to(root).as_posix() for f in r.stdout.split()}
+    hashed = {f for f in loaded if any(f == c or f.startswith(c + "/") for c in paths.TRAIN_CODE)}
+    assert loaded - hashed - shapes_no_weights == set()
+    score = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["score"]["deps"]
+    assert {"pbr/data/augment.py", "pbr/data/facts.py", "pbr/data/shards.py"} <= set(score)
 
 
 def test_a_diverged_training_stops_with_one_line_and_keeps_nothing_half_written(workdir, prepared):

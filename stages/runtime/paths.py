@@ -16,7 +16,7 @@ DVC_LOCK = Path("dvc.lock")
 # and what its resume fingerprint hashes (the resolved settings are hashed as values, so the
 # config's own code is not in).
 TRAIN_CODE = ("pbr/methods", "pbr/memory", "pbr/models", "pbr/buffer.py", "pbr/selection.py", "pbr/rng.py", "pbr/loop.py",
-              "pbr/uncertainty.py", "pbr/data/augment.py", "pbr/data/shards.py", "stages/pipeline/train.py",
+              "pbr/uncertainty.py", "pbr/data/augment.py", "pbr/data/facts.py", "pbr/data/shards.py", "stages/pipeline/train.py",
               "stages/pipeline/trained.py", "stages/pipeline/run_settings.py", "stages/runtime/hardware.py")
 
 
