@@ -410,3 +410,30 @@ def test_evaluate_lets_the_trained_runs_resume_store_go_and_tasks_without_run_js
     assert r.returncode == 0 and "no run.json says which run its files belong to; starting over" in r.stdout
     assert "trained 5 task(s)" in r.stdout
     assert sorted(p.name for p in (repo / "data").iterdir()) == ["prepared"]
+
+
+_STALE = [("data.imbalance_ratio", 0.5, "data/prepared was built with data.imbalance_ratio = 0.1 but params.yaml says 0.5"),
+          ("data.dataset", "cifar100", "data/prepared was built with data.dataset = 'cifar10' but params.yaml says "
+                                       "'cifar100'"),
+          ("model.width", 8, "artifacts/train was trained with model.width = 4 but params.yaml says 8")]
+
+
+# Train trains again with other training params: only a data key reaches it.
+@pytest.mark.parametrize("stage,key,value,needle", [(stage, *case) for stage in ("train", "score", "evaluate")
+                                                    for case in _STALE if stage != "train" or case[0].startswith("data.")])
+def test_params_that_did_not_build_the_data_or_train_the_run_are_refused(tmp_path, trained, pbr, stage, key, value,
+                                                                          needle):
+    """`pbr train`, `score` or `evaluate` after params.yaml changed without the stages before it: the run
+    was recorded complete under settings it never had (another dataset or imbalance ratio: the wrong
+    row of the report); train took TinyImageNet's settings for CIFAR-10's shards."""
+    import yaml
+
+    repo = _copy_trained(trained, tmp_path / "repo")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    section, name = key.split(".")
+    params[section][name] = value
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    before = {p: p.stat().st_mtime_ns for p in (repo / "artifacts").rglob("*")}
+    _one_line_error(pbr(repo, stage), needle, "dvc repro")
+    assert {p: p.stat().st_mtime_ns for p in (repo / "artifacts").rglob("*")} == before
+    assert not (repo / "reports/metrics.json").exists()

@@ -13,7 +13,7 @@ import json
 from pbr.errors import UserError
 from pbr.metrics import minority_tasks, scenario_metrics
 from stages.pipeline.run_settings import trained_tags
-from stages.pipeline.trained import TASK_FIX, keeps_buffer, let_the_resume_store_go
+from stages.pipeline.trained import TASK_FIX, check_trained, keeps_buffer, let_the_resume_store_go
 from stages.runtime import artifacts, faults, paths, plots
 
 
@@ -60,8 +60,9 @@ def run(cfg, log=print, tracker=None) -> dict:
     if not acc_path.is_file():
         raise UserError(f"{acc_path} is missing: training has not finished; run `dvc repro train`")
     summary = artifacts.read_json(acc_path, "run `dvc repro train`, or restore it with `dvc checkout artifacts/train`")
-    let_the_resume_store_go()  # here too: offline sweeps and `dvc repro evaluate` start no scoring
     manifest = load_manifest(paths.PREPARED)
+    check_trained(cfg, manifest)
+    let_the_resume_store_go()  # here too: offline sweeps and `dvc repro evaluate` start no scoring
     n_tasks, n_classes = manifest["n_tasks"], manifest["n_classes"]
     minority = minority_tasks(manifest["task_train_counts"])
     out = paths.EVAL

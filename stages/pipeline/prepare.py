@@ -23,6 +23,22 @@ def count_tables(manifest: dict) -> tuple[list[dict], list[dict]]:
     return per_class, per_task
 
 
+# Data keys that do not change what is prepared: where the archive is, whether it may be fetched,
+# how the parquet is cut.
+_NOT_CONTENT = ("root", "download", "shard_mb")
+
+
+def refuse_stale(cfg: Config, manifest: dict) -> None:
+    """The train, score and evaluate stages read data/prepared as it was built: params.yaml's data
+    section must still say what built it, else the run would be recorded under settings it did not
+    train on (one line naming the first key that differs)."""
+    built, now = manifest.get("params") or {}, cfg.to_dict()["data"]
+    for key, value in now.items():
+        if key not in _NOT_CONTENT and key in built and built[key] != value:
+            raise UserError(f"{paths.PREPARED} was built with data.{key} = {built[key]!r} but params.yaml says "
+                            f"{value!r}; run `dvc repro` (or pbr prepare, then pbr train)")
+
+
 def run(cfg: Config, log=print, tracker=None) -> dict:
     from pbr.data.longtail import build_stream
     from pbr.data.shards import write_prepared

@@ -151,9 +151,10 @@ def _setup(cfg) -> tuple[_Scoring, Path]:
     from pbr.errors import UserError
     from stages.pipeline.run_settings import RunSettings
     from stages.pipeline.train import resolve_device
-    from stages.pipeline.trained import load_method
+    from stages.pipeline.trained import check_trained, load_method
 
     manifest = load_manifest(paths.PREPARED)
+    check_trained(cfg, manifest)
     last = paths.TRAIN / f"task_{manifest['n_tasks'] - 1:02d}" / "model.pt"
     if not last.is_file():
         raise UserError(f"{last} is missing: training has not finished; run `dvc repro train`")

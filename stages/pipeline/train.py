@@ -20,7 +20,7 @@ from pbr.errors import UserError
 from stages.runtime import artifacts, faults, mps, paths, resume, threads
 from stages.runtime.config import Config
 from stages.pipeline.run_settings import RunSettings, trained_tags
-from stages.pipeline.trained import TASK_FIX, build_method, keeps_buffer
+from stages.pipeline.trained import TASK_FIX, build_method, keeps_buffer, trained_params
 
 STATE = "state.pt"
 
@@ -182,9 +182,12 @@ class _TaskRecorder:
 
 def _refuse(cfg: Config, manifest: dict, s: RunSettings, device) -> None:
     """Settings that cannot train on this prepared data or device: one line, before anything is written."""
+    from stages.pipeline.prepare import refuse_stale
+
     if manifest["n_tasks"] != cfg.data.n_tasks:
         raise UserError(f"{paths.PREPARED} holds {manifest['n_tasks']} tasks but data.n_tasks = {cfg.data.n_tasks}; "
                         f"run dvc repro prepare (or pbr prepare) to rebuild it")
+    refuse_stale(cfg, manifest)
     stream = sum(manifest["task_train_counts"])
     if s["buffer_size"] > stream:
         raise UserError(f"method.buffer_size = {s['buffer_size']} is larger than the whole training stream "
@@ -218,12 +221,14 @@ def _keep_or_start_over(out: Path, fp: str, n_tasks: int, log) -> None:
         shutil.rmtree(out)
 
 
-def _record_run(out: Path, fp: str, s: RunSettings, device, n_threads: int, n_tasks: int, tracker) -> None:
+def _record_run(out: Path, fp: str, s: RunSettings, device, n_threads: int, n_tasks: int, tracker,
+                cfg: Config) -> None:
     """run.json and the MLflow tags: the resolved settings, where each came from, the machine."""
     # threads and GPU sharing are recorded, not fingerprinted: a run resumed with other threads goes
     # on (results may differ in the last digits, as any change of thread count does on a CPU).
     record = {"fingerprint": fp, "settings": s.values, "sources": s.sources, "device": str(device),
-              "gpu_sharing": mps.sharing(device), "threads": n_threads, "n_tasks": n_tasks}
+              "gpu_sharing": mps.sharing(device), "threads": n_threads, "n_tasks": n_tasks,
+              "params": trained_params(cfg)}
     if tracker is not None:
         from pbr.data.shards import manifest_hash
 
@@ -290,7 +295,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     # Built before anything saved is touched: a network that does not fit leaves the saved run as it was.
     method = _build_or_refuse(s, manifest, device, gen, init_gen)
     _keep_or_start_over(out, fp, n_tasks, log)
-    _record_run(out, fp, s, device, n_threads, n_tasks, tracker)
+    _record_run(out, fp, s, device, n_threads, n_tasks, tracker, cfg)
     train_sets, test_sets = _load_tasks(manifest, device)
     if s["compile"]:
         # The network's forward (and backward): state_dict keys stay the same; copies (the teacher) run eager.

@@ -22,6 +22,46 @@ def keeps_buffer(tasks: list[Path]) -> bool:
     return any((t / "buffer.parquet").is_file() for t in tasks)
 
 
+# Training params that leave the trained run as it is: where it ran and on how many threads (the
+# resolved device is recorded with the run; a thread count only moves the last digits on a CPU).
+_NOT_TRAINING = ("train.device", "train.threads")
+
+
+def trained_params(cfg) -> dict:
+    """The params.yaml values a trained run was trained with (run.json's `params`)."""
+    return {k: v for k, v in cfg.flat().items()
+            if k.split(".")[0] in ("seed", "method", "model", "train") and k not in _NOT_TRAINING}
+
+
+def refuse_other_params(cfg, record: dict) -> None:
+    """Score and evaluate record their results under today's params.yaml: it must still say what
+    artifacts/train was trained with (one line naming the first key that differs). A run.json
+    written before it kept its params is taken as it is."""
+    from pbr.errors import UserError
+    from stages.runtime import paths
+
+    then, now = record.get("params"), trained_params(cfg)
+    if then is None:
+        return
+    for key in sorted(set(then) | set(now)):
+        if then.get(key) != now.get(key):
+            raise UserError(f"{paths.TRAIN} was trained with {key} = {then.get(key)!r} but params.yaml says "
+                            f"{now.get(key)!r}; run `dvc repro` (or pbr train) first")
+
+
+def check_trained(cfg, manifest: dict) -> None:
+    """Before score or evaluate read the trained run: params.yaml still says what prepared its data
+    and what trained it."""
+    from stages.pipeline.prepare import refuse_stale
+    from stages.runtime import paths
+
+    refuse_stale(cfg, manifest)
+    run = paths.TRAIN / "run.json"
+    if run.is_file():
+        refuse_other_params(cfg, artifacts.read_json(run, "run `dvc repro train`, or restore it with "
+                                                          "`dvc checkout artifacts/train`"))
+
+
 def let_the_resume_store_go() -> None:
     """The score and evaluate stages' first step: the trained run is complete and, under DVC,
     committed (both depend on it), so the copy of its tasks kept for a killed `dvc exp run`
