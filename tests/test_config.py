@@ -231,6 +231,9 @@ def test_params_read_as_dvc_writes_and_reads_them(tmp_path):
     p.write_text("data:\n  download: yes\n")
     with pytest.raises(ConfigError, match="data.download = 'yes'"):
         load_config(p)
+    p.write_text("data:\n  shard_mb: 1" + "0" * 400 + "\n")  # beyond a float: OverflowError before
+    with pytest.raises(ConfigError, match="data.shard_mb = 10+ is not allowed"):
+        load_config(p)
     # a sweep's own key=value options read their values the same way
     from stages.experiments.sweep import parse_assignments
 

@@ -66,3 +66,19 @@ def test_incomplete_folder_is_not_mistaken_for_prepared_data(tmp_path):
     (tmp_path / "p" / "task_00").mkdir(parents=True)
     with pytest.raises(DataError, match="manifest.json is missing"):
         load_manifest(tmp_path / "p")
+
+
+def test_a_damaged_manifest_is_one_line_not_a_key_error(raw, tmp_path):
+    """Valid JSON that is not the manifest write_prepared wrote: a KeyError or an AttributeError
+    from deep inside a stage before."""
+    import json
+
+    _, manifest = _prepare(raw, tmp_path / "p")
+    path = tmp_path / "p" / "manifest.json"
+    for text, needle in (("[1, 2]", "is not a manifest"),
+                         (json.dumps({"format": manifest["format"]}), "lacks dataset, image_shape"),
+                         (json.dumps({k: v for k, v in manifest.items() if k != "shards"}), "lacks shards")):
+        path.write_text(text)
+        with pytest.raises(DataError, match=needle) as e:
+            load_manifest(tmp_path / "p")
+        assert "run `dvc repro prepare` again" in str(e.value)

@@ -93,6 +93,11 @@ def write_prepared(out: Path, raw: RawDataset, stream: Stream, params: dict, sha
     return manifest
 
 
+# What write_prepared records, every key of which the stages read.
+_KEYS = ("dataset", "image_shape", "n_classes", "n_tasks", "class_names", "class_order", "task_classes",
+         "train_counts", "test_counts", "task_train_counts", "task_test_counts", "params", "raw", "shards")
+
+
 def load_manifest(prepared: Path) -> dict:
     path = Path(prepared) / MANIFEST
     if not path.is_file():
@@ -101,8 +106,13 @@ def load_manifest(prepared: Path) -> dict:
         manifest = json.loads(path.read_text())
     except ValueError:
         raise DataError(f"{path} is not valid JSON; run `dvc repro prepare` again") from None
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path} is not a manifest (a JSON object); run `dvc repro prepare` again")
     if manifest.get("format") != FORMAT:
         raise DataError(f"{path}: manifest format {manifest.get('format')} is not {FORMAT}; run `dvc repro prepare`")
+    missing = [k for k in _KEYS if k not in manifest]
+    if missing:
+        raise DataError(f"{path} lacks {', '.join(missing)}: it is damaged; run `dvc repro prepare` again")
     return manifest
 
 

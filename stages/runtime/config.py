@@ -231,7 +231,10 @@ def _convert(tp, value: Any) -> Any:
     if tp is int:
         return value if isinstance(value, int) and not isinstance(value, bool) else _NO
     if tp is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        try:  # an int beyond a float's range (1 followed by 400 zeros) overflows math.isfinite
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        except OverflowError:
+            return _NO
         return float(value) if ok else _NO
     if tp is str:
         return value if isinstance(value, str) and value else _NO
