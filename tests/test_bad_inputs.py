@@ -40,14 +40,14 @@ INVALID = {
     "model.dropout": [1.0, -0.1, "x"],
     "score.dropout": [1.0, -0.5, "x"],
     "score.temperature": [0, "x"],
-    "score.mc_samples": [0, 2.5, "many"],
+    "score.mc_samples": [1, 0, 2.5, "many"],
 }
 
 
 # What the error message promises (a Setting's `allowed` text) -> numbers that break the promise.
 # Read off the words the user sees, not off the check under test: a check that lets 0 through
 # while its message says "positive" fails here.
-PROMISES = {"positive": [0, -1], ">= 0": [-1]}
+PROMISES = {"positive": [0, -1], ">= 0": [-1], ">= 2": [1, 0]}
 UNREAD = []  # checked settings whose message states no range read here: list their values by hand
 
 

@@ -43,8 +43,8 @@ ANCHOR_STEPS = 100  # Mammoth's steps_on_anchors
 SETTINGS = (
     Setting("hal_lambda", float | Auto, "auto", "HAL: weight of the anchors' output drift", non_negative,
             "a number >= 0 or auto"),
-    Setting("hal_beta", float | Auto, "auto", "HAL: decay of the running mean feature phi", non_negative,
-            "a number >= 0 or auto"),
+    Setting("hal_beta", float | Auto, "auto", "HAL: decay of the running mean feature phi",
+            lambda v: 0 <= v <= 1, "a number in [0, 1] or auto"),
     Setting("hal_gamma", float | Auto, "auto", "HAL: weight of the anchors' distance to phi", non_negative,
             "a number >= 0 or auto"),
     Setting("hal_memory", Literal["reservoir", "ring"], "reservoir",

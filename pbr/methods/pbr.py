@@ -99,8 +99,9 @@ class PBR(ContinualMethod):
         BETA,  # weight of the prototype constraint
         Setting("replay_ce", bool, True, "cross-entropy on buffer samples too",
                 label=lambda v: "no replay CE" if v == "False" else "replay CE"),
-        Setting("mc_samples", int, 20, "T, MC-dropout samples of the head", positive,
-                "a positive integer (T, MC-dropout samples)", label=lambda v: f"T {v}"),
+        # One sample's mutual information is 0 for every sample: the walk would have no order.
+        Setting("mc_samples", int, 20, "T, MC-dropout samples of the head", lambda v: v >= 2,
+                "an integer >= 2 (T, MC-dropout samples)", label=lambda v: f"T {v}"),
         RESERVOIR,  # sampling: reservoir only
     )
     # What "auto" means for the open points under each preset (docs/method.md gives the evidence).

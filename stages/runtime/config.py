@@ -157,8 +157,8 @@ class ScoreConfig:
     # softmax temperature of the MC probabilities: "auto" = the trained run's own (its method answers).
     temperature: float | Auto = _key(_positive, "a positive number or auto", default="auto")
     # T, the MC-dropout passes: "auto" = the trained run's own T where its method scores while
-    # training (PBR's method.pbr.mc_samples), else 20.
-    mc_samples: int | Auto = _key(_positive, "a positive integer or auto", default="auto")
+    # training (PBR's method.pbr.mc_samples), else 20. One sample's mutual information is always 0.
+    mc_samples: int | Auto = _key(lambda v: v >= 2, "an integer >= 2 or auto", default="auto")
 
 
 @dataclass(frozen=True)
