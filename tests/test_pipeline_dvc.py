@@ -57,8 +57,35 @@ def test_pipeline_metrics_plots_and_mlflow_agree(tmp_path, finished):
     assert r.data.tags["dvc.md5.artifacts/train"].endswith(".dir")  # models and buffers: linked by hash
     assert_links_this_execution(r.data.tags, repo)
     assert len(r.data.tags["git.commit"]) == 40 and r.data.tags["pbr.data_manifest"]
+    # the code and the run it trained, by hash (git.dirty alone cannot say what a dirty tree ran)
+    from stages.pipeline.train import code_hash
+
+    run_json = json.loads((repo / "artifacts/train/run.json").read_text())
+    assert r.data.tags["pbr.code_sha256"] == code_hash() == run_json["code_sha256"]
+    assert r.data.tags["pbr.fingerprint"] == run_json["fingerprint"]
     arts = [a.path for a in c.list_artifacts(r.info.run_id, "evaluate")]
     assert "evaluate/metrics.json" in arts and "evaluate/matrices.png" in arts
+
+
+def test_git_dirty_is_about_the_code_not_what_every_run_changes(tmp_path, monkeypatch):
+    """Every run rewrites dvc.lock and the reports, `dvc exp run -S` params.yaml: git.dirty was true for
+    nearly every run, so it said nothing. It covers the code."""
+    import subprocess
+
+    from stages.runtime import tracking
+
+    monkeypatch.delenv("PBR_GIT_COMMIT", raising=False)
+    for f in ("pbr/loop.py", "params.yaml", "dvc.lock", "reports/metrics.json"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("0\n")
+    for cmd in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "x"]):
+        subprocess.run(["git", *cmd], cwd=tmp_path, check=True)
+    monkeypatch.chdir(tmp_path)
+    for f in ("params.yaml", "dvc.lock", "reports/metrics.json"):
+        (tmp_path / f).write_text("1\n")
+    assert tracking.git_state()["git.dirty"] == "false"
+    (tmp_path / "pbr/loop.py").write_text("1\n")
+    assert tracking.git_state()["git.dirty"] == "true"
 
 
 def test_tracking_anchors_to_the_repository_from_a_queue_workspace(tmp_path, monkeypatch):

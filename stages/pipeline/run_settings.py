@@ -98,6 +98,7 @@ def trained_tags(record: dict[str, Any]) -> dict[str, Any]:
     The train stage sets them, and the evaluate stage again: a run split across two stores (its
     server back mid-pipeline) has them in the part `pbr report` counts, the one holding evaluate."""
     where = {"pbr.device": record.get("device"), "pbr.gpu_sharing": record.get("gpu_sharing"),
-             "pbr.threads": record.get("threads")}
+             "pbr.threads": record.get("threads"), "pbr.fingerprint": record.get("fingerprint"),
+             "pbr.code_sha256": record.get("code_sha256")}
     return {**{k: v for k, v in where.items() if v is not None},
             **RunSettings(record["settings"], record.get("sources", {})).tags()}

@@ -228,7 +228,7 @@ def _record_run(out: Path, fp: str, s: RunSettings, device, n_threads: int, n_ta
     # on (results may differ in the last digits, as any change of thread count does on a CPU).
     record = {"fingerprint": fp, "settings": s.values, "sources": s.sources, "device": str(device),
               "gpu_sharing": mps.sharing(device), "threads": n_threads, "n_tasks": n_tasks,
-              "params": trained_params(cfg)}
+              "params": trained_params(cfg), "code_sha256": code_hash()}
     if tracker is not None:
         from pbr.data.shards import manifest_hash
 

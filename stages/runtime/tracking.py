@@ -132,11 +132,16 @@ def _git(*args: str) -> str:
         return ""
 
 
+CODE = ("pbr", "stages", "benchmarks", "examples", "pyproject.toml", "dvc.yaml")  # what git.dirty covers
+
+
 def git_state() -> dict[str, str]:
     if os.environ.get("PBR_GIT_COMMIT"):  # a run started outside the checkout (`pbr sweep --offline`)
         return {"git.commit": os.environ["PBR_GIT_COMMIT"], "git.dirty": os.environ.get("PBR_GIT_DIRTY", "unknown")}
     commit = _git("rev-parse", "HEAD") or "unknown"
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    # The code only: every run changes dvc.lock and the reports, `dvc exp run -S` params.yaml (all
+    # recorded on their own), so a dirty flag over the whole tree was true for nearly every run.
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", *CODE))
     return {"git.commit": commit, "git.dirty": str(dirty).lower()}
 
 
