@@ -38,19 +38,27 @@ def _buffer_hist(path, n_classes: int, has_buffer: bool) -> list[int]:
     return np.bincount(labels, minlength=n_classes).tolist()
 
 
-def dvc_lock_hashes(lock_path=paths.DVC_LOCK) -> dict[str, str]:
+def dvc_lock_hashes(lock_path=paths.DVC_LOCK, params_path=paths.DVC_LOCK.with_name("params.yaml")) -> dict[str, str]:
     """md5 of every output of the stages whose outputs this stage reads (the prepared data, the trained
     models and buffers), as dvc.lock records them: how MLflow links to them. DVC runs and records
     those before this stage; any other stage's entry (score's, this stage's own) may be an earlier
-    execution's while this one runs."""
+    execution's while this one runs. None when dvc.lock's entry for them was recorded with other
+    params than params.yaml holds now (`pbr train` and `pbr evaluate` run by hand after an edit:
+    the hashes would be an earlier run's)."""
     from stages.runtime.yaml12 import read_yaml
 
     if not lock_path.is_file():
         return {}
     lock = read_yaml(lock_path.read_text()) or {}
+    now = (read_yaml(params_path.read_text()) if params_path.is_file() else None) or {}
     reads = {paths.PREPARED.as_posix(), paths.TRAIN.as_posix()}
-    return {f"dvc.md5.{o['path']}": o.get("md5", "") for st in (lock.get("stages") or {}).values()
-            if any(o["path"] in reads for o in st.get("outs", []) or []) for o in st["outs"]}
+    stages = [st for st in (lock.get("stages") or {}).values()
+              if any(o["path"] in reads for o in st.get("outs", []) or [])]
+    for st in stages:
+        recorded = (st.get("params") or {}).get(params_path.name) or {}
+        if any(now.get(key) != value for key, value in recorded.items()):
+            return {}
+    return {f"dvc.md5.{o['path']}": o.get("md5", "") for st in stages for o in st["outs"]}
 
 
 def run(cfg, log=print, tracker=None) -> dict:
