@@ -36,10 +36,15 @@ from pbr.methods.base import ContinualMethod
 _STEP_HOOKS = ("step", "penalty", "after_backward", "after_step")
 
 
+class LaneFailed(RuntimeError):
+    """Raised in every other lane when one lane (or the shared work) fails; its cause is that error."""
+
+
 class Rendezvous:
     """L threads hand in one item each; the last to arrive runs `work(items)` for all of them and
     each thread gets back its own entry of the result. A thread that fails calls `abort`, and every
-    thread waiting (or arriving later) raises instead of waiting forever."""
+    thread waiting (or arriving later) raises instead of waiting forever; so does a thread that
+    `leave`s (its run ended) while another still meets, since that meeting could never be whole."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -49,11 +54,19 @@ class Rendezvous:
         self._round = 0
         self._results: Sequence[Any] | None = None
         self._error: BaseException | None = None
+        self._left: list[int] = []
+
+    def _gone(self) -> RuntimeError:
+        return RuntimeError(f"lane {self._left[0]} finished its run while another lane still trains: the lanes of "
+                            "one job must make the same calls (the same data sizes, epochs and tasks)")
 
     def meet(self, i: int, item: Any, work: Callable[[list[Any]], Sequence[Any]]) -> Any:
         with self._cond:
+            if self._error is None and self._left:
+                self._error = self._gone()
+                self._cond.notify_all()
             if self._error is not None:
-                raise RuntimeError("another lane failed") from self._error
+                raise LaneFailed("another lane failed") from self._error
             this = self._round
             self._items[i] = item
             self._arrived += 1
@@ -69,9 +82,17 @@ class Rendezvous:
                 while self._round == this and self._error is None:
                     self._cond.wait()
             if self._error is not None:
-                raise RuntimeError("another lane failed") from self._error
+                raise LaneFailed("another lane failed") from self._error
             # Nobody starts the next round before every thread of this one has read its result.
             return self._results[i]
+
+    def leave(self, i: int) -> None:
+        """Lane i's run has ended: a lane waiting for it now, or arriving later, fails."""
+        with self._cond:
+            self._left.append(i)
+            if self._arrived and self._error is None:
+                self._error = self._gone()
+            self._cond.notify_all()
 
     def abort(self, error: BaseException) -> None:
         with self._cond:
@@ -171,6 +192,19 @@ class LaneView(nn.Module):
         return getattr(self.single(), name)
 
 
+def _settings_differ(a: nn.Module, b: nn.Module) -> str | None:
+    """The first plain (non-tensor) attribute in which two networks' modules differ (a head's scale, a
+    dropout rate, BatchNorm's eps), or None."""
+    plain = (bool, int, float, str, tuple, type(None))
+    for (name, x), (_, y) in zip(a.named_modules(), b.named_modules()):
+        if type(x) is not type(y):
+            return f"{name or 'the network'}'s kind"
+        for k, v in vars(x).items():
+            if not k.startswith("_") and k != "training" and isinstance(v, plain) and vars(y).get(k) != v:
+                return f"{name + '.' if name else ''}{k} ({v!r} against {vars(y).get(k)!r})"
+    return None
+
+
 def refusal(method: ContinualMethod) -> str | None:
     """Why `method` cannot run laned, or None: the method answers for itself (`lane_refusal`), and
     a step with hooks of its own is refused here as well, whatever the class says."""
@@ -190,9 +224,19 @@ def train_laned(methods: Sequence[ContinualMethod], run: Callable[[int, Continua
     error is raised."""
     if len({type(m) for m in methods}) != 1:
         raise ValueError("every lane must run the same method")
-    why = refusal(methods[0])
-    if why:
-        raise ValueError(why)
+    for m in methods:  # a lane's own settings (PBR's imprint) may refuse where another's would not
+        why = refusal(m)
+        if why:
+            raise ValueError(why)
+    if any(m.ctx.autocast_dtype is not None for m in methods):
+        # torch.autocast does not reach a laned forward's convolutions: the lanes would train in
+        # fp32 beside single runs in bf16 (Lanes(compute_dtype=...) is the laned bf16, not wired here).
+        raise ValueError("lanes train in fp32: a run under bf16 autocast runs alone")
+    for i, m in enumerate(methods[1:], 1):
+        differs = _settings_differ(methods[0].net, m.net)
+        if differs:
+            raise ValueError(f"lane {i}'s network differs from lane 0's in {differs}: every lane runs lane 0's "
+                             "network with its own tensors, so lanes of other settings belong in other jobs")
     lr = {m.opts.lr for m in methods}
     decay = {getattr(m.opts, "weight_decay", 0.0) for m in methods}
     if len(lr) != 1 or len(decay) != 1:
@@ -217,8 +261,12 @@ def train_laned(methods: Sequence[ContinualMethod], run: Callable[[int, Continua
         try:
             run(i, m)
         except BaseException as e:
+            if not isinstance(e, LaneFailed):
+                e.add_note(f"(in lane {i} of {len(methods)})")
             errors.append(e)
             meeting.abort(e)
+        finally:
+            meeting.leave(i)
 
     for i, m in enumerate(methods):
         m.net = LaneView(lanes, i, meeting, copy.deepcopy(singles[i]), version)
@@ -230,14 +278,23 @@ def train_laned(methods: Sequence[ContinualMethod], run: Callable[[int, Continua
         for t in threads:
             t.join()
     finally:
+        if any(t.is_alive() for t in threads):  # interrupted while joining (Ctrl-C, a signal)
+            meeting.abort(RuntimeError("the laned training was interrupted"))
+            for t in threads:
+                t.join()
         for i, (m, single) in enumerate(zip(methods, singles)):
             single.load_state_dict(lanes.lane_state_dict(i))
             m.net = single
             del m.step
-            # A network the method copied from its lane (PBR's teacher) becomes its own network too.
+            if getattr(m, "opt", None) is not None:  # it held the stacked tensors
+                m.opt = torch.optim.SGD(single.parameters(), lr=m.opts.lr,
+                                        weight_decay=getattr(m.opts, "weight_decay", 0.0))
+            # A network the method copied from its lane (PBR's teacher) becomes its own, frozen, network too.
             for name, value in list(vars(m).items()):
                 if isinstance(value, LaneView):
-                    setattr(m, name, value.single())
+                    setattr(m, name, value.single().requires_grad_(False))
     if errors:
-        first = next((e for e in errors if not isinstance(e, RuntimeError) or e.__cause__ is None), errors[0])
-        raise first
+        # A lane's own error, else the one the others were stopped by (the shared step's own: an
+        # out-of-memory error stays one).
+        own = [e for e in errors if not isinstance(e, LaneFailed)]
+        raise own[0] if own else errors[0].__cause__

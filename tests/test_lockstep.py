@@ -81,8 +81,11 @@ def test_laned_runs_are_the_separate_runs(name):
 
     for i, (a, b) in enumerate(zip(singles, laned)):
         assert type(b.net).__name__ == "Net"  # each run holds a network of its own again
+        # its optimiser steps its own network again, not the stack the lanes shared
+        assert {id(p) for g in b.opt.param_groups for p in g["params"]} == {id(p) for p in b.net.parameters()}
         if name == "pbr":
             assert type(b.teacher).__name__ == "Net" and a.teacher is not None
+            assert not any(p.requires_grad for p in b.teacher.parameters())  # frozen, as a single run's
             for k, v in a.teacher.state_dict().items():
                 torch.testing.assert_close(b.teacher.state_dict()[k], v, rtol=1e-9, atol=1e-9)
         want, got = a.net.state_dict(), b.net.state_dict()
@@ -104,6 +107,19 @@ def test_a_method_that_changes_the_step_or_writes_into_its_network_runs_alone():
         train_laned([_run(s, "ewc_on") for s in SEEDS], lambda i, m: None)
     with pytest.raises(ValueError, match="pbr with imprint writes into its network"):
         train_laned([_run(s, "pbr", imprint=True) for s in SEEDS], lambda i, m: None)
+    # asked of every lane, not the first alone (its imprint went into a throwaway copy)
+    with pytest.raises(ValueError, match="pbr with imprint writes into its network"):
+        train_laned([_run(SEEDS[0], "pbr"), _run(SEEDS[1], "pbr", imprint=True)], lambda i, m: None)
+    # a setting that is no tensor is lane 0's for every lane: lanes that differ in one are refused
+    other = _run(SEEDS[1], "pbr")
+    other.net.head.scale = 30.0
+    with pytest.raises(ValueError, match=r"lane 1's network differs from lane 0's in head.scale \(10.0 against 30.0\)"):
+        train_laned([_run(SEEDS[0], "pbr"), other], lambda i, m: None)
+    # bf16 autocast does not reach a laned forward's convolutions: such a run would train in fp32
+    bf16 = [_run(s) for s in SEEDS]
+    bf16[1].ctx.autocast_dtype = torch.bfloat16
+    with pytest.raises(ValueError, match="a run under bf16 autocast runs alone"):
+        train_laned(bf16, lambda i, m: None)
     # A method no test holds laned (DER++: a second forward on the buffer, its stored logits).
     with pytest.raises(ValueError, match="derpp has not been checked laned"):
         train_laned([_run(s, "derpp") for s in SEEDS], lambda i, m: None)
@@ -157,3 +173,75 @@ def test_the_rendezvous_gives_each_its_own_result_and_stops_everyone_on_a_failur
     with pytest.raises(RuntimeError):
         meet.meet(1, 2, lambda items: items)
     copy.copy(meet)  # a plain object: nothing of a lane's network inside
+
+
+def _in_a_thread(target, seconds=60):
+    """`target()` in a thread: (returned or raised, whether it was still running after `seconds`)."""
+    out = {}
+
+    def go():
+        try:
+            out["value"] = target()
+        except BaseException as e:
+            out["error"] = e
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(seconds)
+    return out, t.is_alive()
+
+
+def test_a_lane_that_ends_early_stops_the_others_instead_of_hanging_them():
+    """Lane 1 trains one task, lane 0 two: lane 0 waited forever at its next step."""
+    methods = [_run(s) for s in SEEDS]
+
+    def run(i, m):
+        train, test = _data(SEEDS[i])
+        n = 2 if i == 0 else 1
+        train_tasks(m, train[:n], test[:n], [2, 3][:n], 6, eval_batch_size=7)
+
+    out, hung = _in_a_thread(lambda: train_laned(methods, run))
+    assert not hung
+    assert "lane 1 finished its run while another lane still trains" in str(out["error"])
+
+
+def test_an_error_of_the_shared_step_is_raised_as_itself(monkeypatch):
+    """An out-of-memory error in the one step every lane shares reached the caller as RuntimeError
+    "another lane failed", so `except torch.OutOfMemoryError` never fired."""
+    def step(self, closure=None):
+        raise torch.OutOfMemoryError("CUDA out of memory (the test's)")
+
+    monkeypatch.setattr(torch.optim.SGD, "step", step)
+    methods = [_run(s) for s in SEEDS]
+    with pytest.raises(torch.OutOfMemoryError, match="the test's"):
+        train_laned(methods, lambda i, m: _train(m, SEEDS[i], Rows()))
+
+
+def test_an_interrupted_laned_training_stops_its_lanes_before_handing_back_the_networks():
+    """Ctrl-C while the caller waits for the lanes: the lanes went on training, unlaned, on the
+    networks the caller had been given back."""
+    import os
+    import signal
+    import time
+
+    methods = [_run(s) for s in SEEDS]
+    started = threading.Event()
+
+    def run(i, m):
+        started.set()
+        train, test = _data(SEEDS[i])
+        train_tasks(m, train, test, [100, 100], 6, eval_batch_size=7)  # about 30 s unless stopped
+
+    def interrupt():
+        started.wait(30)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGINT)  # a real signal: it wakes the caller's join
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        train_laned(methods, run)
+    assert not [t for t in threading.enumerate() if t.name.startswith("lane-")]
+    before = [copy.deepcopy(m.net.state_dict()) for m in methods]
+    time.sleep(0.3)
+    for m, b in zip(methods, before):
+        assert all(torch.equal(v, b[k]) for k, v in m.net.state_dict().items())
