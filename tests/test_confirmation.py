@@ -11,7 +11,7 @@ from stages.experiments.report import RunRecord
 
 BASE = {"data.setting": "ordered", "data.imbalance_ratio": "0.01", "data.dataset": "cifar10", "data.n_tasks": "5",
         "method.buffer_size": "200", "model.width": "8", "train.epochs": "[4, 8, 16, 40, 80]",
-        "method.reservoir": "first_epoch", "train.precision": "fp32", "train.lr": "auto"}
+        "method.reservoir": "first_epoch", "train.precision": "fp32", "train.lr": "auto", "train.threads": "1"}
 ROWS = {"pbr": ({"method.name": "pbr"}, [50, 52, 54]),
         "pbr-reservoir": ({"method.name": "pbr", "method.pbr.sampling": "reservoir"}, [48, 48, 48]),
         "pbr-random": ({"method.name": "pbr", "method.pbr.buffer_order": "random"}, [49, 51, 53]),
@@ -26,7 +26,10 @@ def _runs():
         for seed, v in zip((100, 101, 102), values):
             runs.append(RunRecord(f"{row}-{seed}", {**BASE, **params, "seed": str(seed)},
                                   {"class_il.acc": float(v), "task_il.acc": 80.0}, 0, {"pbr.device": "cpu"}))
-    # Not the confirmation's: a selection seed, a GPU run, a run at another budget.
+    # Not the confirmation's: a selection seed, a GPU run, a run at another budget, a run of two
+    # threads (the plan's runs have one; it would otherwise be averaged into seed 100).
+    runs.append(RunRecord("two-threads", {**BASE, **ROWS["pbr"][0], "seed": "100", "train.threads": "2"},
+                          {"class_il.acc": 0.0}, 0, {"pbr.device": "cpu"}))
     runs += [RunRecord("sel", {**BASE, **ROWS["pbr"][0], "seed": "3"}, {"class_il.acc": 0.0}, 0, {"pbr.device": "cpu"}),
              RunRecord("gpu", {**BASE, **ROWS["pbr"][0], "seed": "103"}, {"class_il.acc": 0.0}, 0, {"pbr.device": "cuda"}),
              RunRecord("full", {**BASE, **ROWS["pbr"][0], "seed": "104", "model.width": "64", "train.epochs": "50",
@@ -145,9 +148,14 @@ def test_holm_counts_every_planned_comparison_and_other_cells_stay_out():
     assert math.isnan(comps["C4"].holm) and math.isnan(comps["C5"].p)
 
 
-def test_the_table_prints_the_notes_of_runs_averaged_together():
+def test_the_table_prints_the_notes_of_runs_averaged_together_and_of_runs_left_out():
     runs = _runs() + [RunRecord("pbr-100-threads", {**BASE, **ROWS["pbr"][0], "seed": "100", "train.threads": "2"},
-                                {"class_il.acc": 60.0, "task_il.acc": 80.0}, 1, {"pbr.device": "cpu"})]
+                                {"class_il.acc": 60.0, "task_il.acc": 80.0}, 1, {"pbr.device": "cpu"}),
+                      RunRecord("pbr-101-compiled", {**BASE, **ROWS["pbr"][0], "seed": "101", "train.compile": "true"},
+                                {"class_il.acc": 62.0, "task_il.acc": 80.0}, 1, {"pbr.device": "cpu"})]
     text = confirmation.render(report.group_runs(runs)[0])
-    assert "| PBR | `pbr` | 3 | 53.67 ± 1.53 |" in text  # seeds: (50 + 60) / 2, 52, 54
-    assert re.search(r"- note: .*differ in train\.threads", text)
+    # The plan runs one thread a run: the run of two is left out (it was averaged into seed 100),
+    # and the note says so, not that runs were averaged.
+    assert "| PBR | `pbr` | 3 | 53.67 ± 3.51 |" in text  # seeds 50, (52 + 62) / 2, 54
+    assert re.search(r"- note: .*: 1 run\(s\) not of one thread a run left out", text)
+    assert re.search(r"- note: .*differ in train\.compile", text) and "differ in train.threads" not in text

@@ -624,3 +624,17 @@ def test_report_marks_killed_what_a_dead_stage_left_running(tmp_path):
     report.run(tracking_uri=uri, csv_path=None)
     status = {r: client.get_run(r).info.status for r in (killed, alive, elsewhere)}
     assert status == {killed: "KILLED", alive: "RUNNING", elsewhere: "RUNNING"}
+
+
+def test_a_run_without_a_seed_is_left_out_and_auto_threads_are_what_the_run_had():
+    """A run with no seed param joined its cell as one pseudo-seed ""; two `train.threads: auto` runs
+    of one seed on 1 and 2 threads (which move a CPU run's last digits) read as a repeat, and the
+    older was dropped."""
+    p = {**BASE, "method.name": "pbr"}
+    groups, skipped = report.group_runs([RunRecord("noseed", p, {"class_il.acc": 90.0, "task_il.acc": 90.0})])
+    assert not groups and skipped == ["run noseed left out: param 'seed' missing or not a number"]
+    runs = [RunRecord(f"t{n}", report.pin_auto({**p, "seed": "0", "train.threads": "auto"}, {"pbr.threads": str(n)}),
+                      {"class_il.acc": acc, "task_il.acc": 80.0}, n) for n, acc in ((1, 44.74), (2, 44.89))]
+    (g,), _ = report.group_runs(runs)
+    assert len(g.runs) == 2 and g.by_seed("class_il", "acc") == {"0": pytest.approx((44.74 + 44.89) / 2)}
+    assert any("differ in train.threads (1, 2)" in n for n in g.notes)

@@ -7,6 +7,7 @@ page's rule. While any comparison has fewer seeds than planned, the table says i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
@@ -104,9 +105,20 @@ def holm(ps: list[float]) -> list[float]:
 
 def cell_groups(groups: list[report.Group], plan: Plan = FIRST) -> dict[str, report.Group]:
     """The group of each plan row in the confirmation's cell (CELL holds every key of a group but
-    the row, so a row has one group at most)."""
-    return {g.method: g for g in groups
-            if g.method in plan.rows and all(getattr(g, k) == v for k, v in CELL.items())}
+    the row, so a row has one group at most), holding its runs of one thread a run, as the plan
+    says (a thread count moves a CPU run's last digits, and those the walk's choices)."""
+    cell = [g for g in groups if g.method in plan.rows and all(getattr(g, k) == v for k, v in CELL.items())]
+    out = {}
+    for g in cell:
+        one = [r for r in g.runs if r.params.get("train.threads") == "1"]
+        # Grouped again, so that the notes speak of the runs counted.
+        regrouped = report.group_runs(one)[0] or [dataclasses.replace(g, runs=[], notes=[])]
+        (h,) = regrouped
+        if len(one) < len(g.runs):
+            h.notes.append(f"{g.describe()}: {len(g.runs) - len(one)} run(s) not of one thread a run left out "
+                           "(the plan runs one thread a run)")
+        out[g.method] = h
+    return out
 
 
 def rows_by_seed(groups: list[report.Group], mode: str = "class_il", metric: str = "acc",

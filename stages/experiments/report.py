@@ -348,6 +348,8 @@ def pin_auto(params: dict[str, str], tags: dict[str, str]) -> dict[str, str]:
     """The run's "auto" method settings replaced by the values it ran with (its `resolved.*` tags),
     so that a run from before a default changed is not read with today's default."""
     out = dict(params)
+    if params.get("train.threads") == "auto" and tags.get("pbr.threads"):  # how many the run had
+        out["train.threads"] = tags["pbr.threads"]
     for key, value in params.items():
         if value == "auto" and (key.startswith("method.") or key in ("train.lr", "train.precision", "train.channels_last",
                                                                      "model.head", "model.dropout")):
@@ -421,7 +423,7 @@ def group_runs(runs: Iterable[RunRecord]) -> tuple[list[Group], list[str]]:
     for r in runs:
         p = r.params
         try:
-            setting, dataset, _ = p["data.setting"], p["data.dataset"], p["method.name"]  # the last: present
+            setting, dataset, _, _ = p["data.setting"], p["data.dataset"], p["method.name"], p["seed"]  # present
             ir = round(float(p["data.imbalance_ratio"]), 6)
             n_tasks = int(p["data.n_tasks"]) if "data.n_tasks" in p else None
             buf = buffer_of(p)
