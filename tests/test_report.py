@@ -187,6 +187,15 @@ def test_no_runs_message(env, tmp_path):
         assert rep.groups == [] and rep.csv_path is None
         assert rep.text.count("\n") == 1 and "No finished pipeline runs" in rep.text and "dvc repro" in rep.text
     assert not (tmp_path / "none").exists() and not (tmp_path / "reports").exists()
+    # What an earlier report wrote no longer reads as current: the table's rows and figures go.
+    old = tmp_path / "old"
+    (old / "report").mkdir(parents=True)
+    (old / "report.csv").write_text(",".join(report.CSV_COLUMNS) + "\nfull protocol,ordered,0.01,cifar10,PBR,200\n")
+    (old / "report" / "ordered-ir-0.01-acc.png").write_bytes(b"png")
+    (old / "report" / "ordered-ir-0.01-bwt.png").write_bytes(b"png")  # another metric's: kept
+    report.run(experiment="empty", csv_path=old / "report.csv", figures_dir=old / "report")
+    assert (old / "report.csv").read_text() == ",".join(report.CSV_COLUMNS) + "\n"
+    assert [p.name for p in (old / "report").iterdir()] == ["ordered-ir-0.01-bwt.png"]
 
 
 def test_unreadable_store_is_a_user_error(tmp_path):

@@ -794,8 +794,8 @@ def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, m
         csv_path: Path | None = DEFAULT_CSV, markdown_path: Path | None = None,
         figures_dir: Path | None = None, log_mlflow: bool = False) -> Report:
     """Build the report; write the CSV (and markdown file, and a PNG per table under `figures_dir`)
-    when there are runs, and with `log_mlflow` log them to report_experiment(experiment). Prints
-    nothing."""
+    when there are runs, and with `log_mlflow` log them to report_experiment(experiment); with none,
+    empty what an earlier report wrote there (it would read as current). Prints nothing."""
     if metric not in METRICS:
         raise UserError(f"--metric {metric}: not one of {', '.join(METRICS)}")
     uri = tracking_uri or _default_uri()
@@ -805,6 +805,12 @@ def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, m
         text = no_runs_message(uri, experiment)
         if skipped:
             text += f" ({len(skipped)} complete run(s) lack data.* / method.* params.)"
+        if csv_path is not None and Path(csv_path).is_file():
+            write_csv([], Path(csv_path), metric)
+        if figures_dir is not None and Path(figures_dir).is_dir():
+            from stages.experiments.report_figures import write_figures
+
+            write_figures([], metric, Path(figures_dir))
         return Report(text + "\n", [])
     text = render_markdown(groups, metric, skipped)
     if csv_path is not None:
