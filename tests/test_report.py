@@ -162,9 +162,10 @@ def test_csv_written_atomically_with_one_row_per_group(env, tmp_path):
                    "buffer_size": "200", "n_runs": "3", "class_il_mean": "53.0000", "class_il_std": "3.6056",
                    "task_il_mean": "90.0000", "task_il_std": "2.0000", "paper_class_il": "51.0000",
                    "paper_task_il": "89.9900", "metric": "acc", "n_tasks": "5", "paper_n_tasks": "5",
-                   "device": "cpu", "precision": "fp32", "n_seeds": "3"}
+                   "device": "cpu", "precision": "fp32", "n_seeds": "3", "class_il_n": "3", "task_il_n": "3"}
     sgd = next(r for r in rows if r["method"] == "SGD")
-    assert sgd["buffer_size"] == "" and sgd["n_runs"] == "1" and sgd["class_il_std"] == "0.0000"
+    # one seed: no spread to give (it read 0.0000, three seeds without any)
+    assert sgd["buffer_size"] == "" and sgd["n_runs"] == "1" and sgd["class_il_std"] == "" and sgd["class_il_n"] == "1"
     shuffled = next(r for r in rows if r["setting"] == "shuffled")
     assert (shuffled["imbalance_ratio"], shuffled["dataset"], shuffled["paper_class_il"]) == ("0.1", "cifar100", "59.3300")
 
@@ -176,6 +177,9 @@ def test_other_metric_and_markdown_file(env, tmp_path):
     with (tmp_path / "bwt.csv").open() as f:
         pbr = next(r for r in csv.DictReader(f) if r["method"] == "PBR" and r["setting"] == "ordered")
     assert (pbr["class_il_mean"], pbr["task_il_mean"], pbr["paper_class_il"], pbr["metric"]) == ("-12.0000", "", "", "bwt")
+    # only the three PBR runs logged a BWT; the row's seeds count every run (the random variant's
+    # is its own row)
+    assert (pbr["class_il_n"], pbr["task_il_n"]) == ("3", "0")
     with pytest.raises(UserError, match="--metric"):
         report.run(metric="accuracy")
 

@@ -96,7 +96,7 @@ IGNORED_PARAMS = frozenset({"seed", "data.root", "data.download", "data.shard_mb
 CSV_COLUMNS = ("budget", "setting", "imbalance_ratio", "dataset", "method", "buffer_size", "n_runs",
                "class_il_mean", "class_il_std", "task_il_mean", "task_il_std",
                "paper_class_il", "paper_task_il", "metric", "n_tasks", "paper_n_tasks", "device", "precision",
-               "n_seeds")
+               "n_seeds", "class_il_n", "task_il_n")
 
 
 def _default_uri() -> str:
@@ -715,13 +715,16 @@ def csv_rows(groups: list[Group], metric: str = "acc") -> list[dict[str, str]]:
             "budget": g.budget, "setting": g.setting, "imbalance_ratio": _fmt_ir(g.imbalance_ratio), "dataset": g.dataset,
             "method": g.method, "buffer_size": "" if g.buffer_size is None else str(g.buffer_size),
             "n_runs": str(len(g.runs)),
-            "class_il_mean": _num(c and c[0]), "class_il_std": _num(c and c[1]),
-            "task_il_mean": _num(t and t[0]), "task_il_std": _num(t and t[1]),
+            # The spread of one seed is no figure: left empty, and each mode's own n beside it (a
+            # metric some runs did not log has fewer seeds than the row).
+            "class_il_mean": _num(c and c[0]), "class_il_std": _num(c[1] if c and c[2] > 1 else None),
+            "task_il_mean": _num(t and t[0]), "task_il_std": _num(t[1] if t and t[2] > 1 else None),
             "paper_class_il": _num(pc), "paper_task_il": _num(pt), "metric": metric,
             "n_tasks": "" if g.n_tasks is None else str(g.n_tasks),
             "paper_n_tasks": "" if g.paper_n_tasks() is None else str(g.paper_n_tasks()),
             "device": g.device, "precision": g.precision,
             "n_seeds": str(len({r.params.get("seed", "") for r in g.runs})),
+            "class_il_n": str(c[2] if c else 0), "task_il_n": str(t[2] if t else 0),
         })
     return rows
 
