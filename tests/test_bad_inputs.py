@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import fakedata
+from project import tree_bytes
 from stages.runtime.config import Config, ConfigError, from_dict
 
 # Every parameter with the invalid values a user can write for it (the keys methods declare: below).
@@ -437,3 +438,14 @@ def test_params_that_did_not_build_the_data_or_train_the_run_are_refused(tmp_pat
     _one_line_error(pbr(repo, stage), needle, "dvc repro")
     assert {p: p.stat().st_mtime_ns for p in (repo / "artifacts").rglob("*")} == before
     assert not (repo / "reports/metrics.json").exists()
+
+
+def test_one_archive_prepares_the_same_bytes_wherever_it_lies(tmp_path, raw, prepared):
+    """The manifest held data.root, data.download and the archive's absolute path: the same archive
+    at another path gave another data/prepared (DVC hash, `pbr.data_manifest`) with the same shards."""
+    from stages.pipeline import prepare
+
+    elsewhere = tmp_path / "another" / "place"
+    shutil.copytree(raw, elsewhere)
+    again = _run_stage_in(_project(tmp_path / "p", elsewhere, data={"download": True}), prepare)
+    assert tree_bytes(again / "data/prepared") == tree_bytes(prepared / "data/prepared")

@@ -86,7 +86,7 @@ def write_prepared(out: Path, raw: RawDataset, stream: Stream, params: dict, sha
         "task_train_counts": [len(i) for i in stream.train_indices],
         "task_test_counts": [len(i) for i in stream.test_indices],
         "params": params,
-        "raw": {"source": raw.source, "content_sha256": raw.content_hash()},
+        "raw": {"source": Path(raw.source).name, "content_sha256": raw.content_hash()},
         "shards": shards,
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))

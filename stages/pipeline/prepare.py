@@ -23,8 +23,8 @@ def count_tables(manifest: dict) -> tuple[list[dict], list[dict]]:
     return per_class, per_task
 
 
-# Data keys that do not change what is prepared: where the archive is, whether it may be fetched,
-# how the parquet is cut.
+# Data keys that do not change what is prepared: where the archive is, whether it may be fetched
+# (neither is in the manifest), how the parquet is cut.
 _NOT_CONTENT = ("root", "download", "shard_mb")
 
 
@@ -55,7 +55,10 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     except UserError as e:
         raise UserError(f"data.imbalance_ratio / data.n_tasks: {e}") from None
     with artifacts.atomic_dir(paths.PREPARED) as tmp:
-        manifest = write_prepared(tmp, raw, stream, cfg.to_dict()["data"], d.shard_mb)
+        # Content only: where the archive lay and whether it could be fetched are no part of the
+        # data, so one archive gives one data/prepared (one DVC hash, one manifest hash) on every machine.
+        content = {k: v for k, v in cfg.to_dict()["data"].items() if k not in ("root", "download")}
+        manifest = write_prepared(tmp, raw, stream, content, d.shard_mb)
         faults.point("prepare:written")
     per_class, per_task = count_tables(manifest)
     artifacts.write_csv(paths.PREPARE_PLOTS / "class_counts.csv", per_class)
