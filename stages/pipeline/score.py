@@ -199,6 +199,16 @@ def run(cfg, log=print, tracker=None) -> dict:
     with artifacts.atomic_dir(paths.SCORE) as tmp:
         pq.write_table(table, tmp / "scores.parquet")
     summary = _summaries(data, sc.manifest, tracker)
+    if tracker is not None:
+        from pbr.data.shards import manifest_hash
+        from stages.pipeline.run_settings import trained_tags
+
+        # A run where only scoring changed holds no train stage: what it scored is said here too.
+        run_json = paths.TRAIN / "run.json"
+        trained = trained_tags(artifacts.read_json(run_json)) if run_json.is_file() else {}
+        tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED), **trained,
+                          "score.resolved.dropout": sc.dropout, "score.resolved.temperature": sc.tau,
+                          "score.resolved.mc_samples": sc.T, "score.resolved.backbone": sc.backbone})
     # Last, so that only DVC's commit of these small outputs is left unguarded by the store.
     resume.forget(fp)
     log(f"wrote {paths.SCORE / 'scores.parquet'} ({len(data['label'])} samples): mean MI {summary['score.mean_mi']:.4g}, "
