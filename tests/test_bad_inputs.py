@@ -413,10 +413,10 @@ def test_evaluate_lets_the_trained_runs_resume_store_go_and_tasks_without_run_js
     assert sorted(p.name for p in (repo / "data").iterdir()) == ["prepared"]
 
 
-_STALE = [("data.imbalance_ratio", 0.5, "data/prepared was built with data.imbalance_ratio = 0.1 but params.yaml says 0.5"),
-          ("data.dataset", "cifar100", "data/prepared was built with data.dataset = 'cifar10' but params.yaml says "
+_STALE = [("data.imbalance_ratio", 0.5, "data/prepared was built with data.imbalance_ratio = 0.1 but the params file says 0.5"),
+          ("data.dataset", "cifar100", "data/prepared was built with data.dataset = 'cifar10' but the params file says "
                                        "'cifar100'"),
-          ("model.width", 8, "artifacts/train was trained with model.width = 4 but params.yaml says 8")]
+          ("model.width", 8, "artifacts/train was trained with model.width = 4 but the params file says 8")]
 
 
 # Train trains again with other training params: only a data key reaches it.
@@ -440,12 +440,34 @@ def test_params_that_did_not_build_the_data_or_train_the_run_are_refused(tmp_pat
     assert not (repo / "reports/metrics.json").exists()
 
 
-def test_one_archive_prepares_the_same_bytes_wherever_it_lies(tmp_path, raw, prepared):
+def test_one_archive_prepares_the_same_bytes_wherever_and_however_it_lies(tmp_path, raw, prepared):
     """The manifest held data.root, data.download and the archive's absolute path: the same archive
-    at another path gave another data/prepared (DVC hash, `pbr.data_manifest`) with the same shards."""
+    at another path, or extracted, gave another data/prepared (DVC hash, `pbr.data_manifest`) with
+    the same shards."""
+    import tarfile
+
     from stages.pipeline import prepare
 
     elsewhere = tmp_path / "another" / "place"
     shutil.copytree(raw, elsewhere)
     again = _run_stage_in(_project(tmp_path / "p", elsewhere, data={"download": True}), prepare)
     assert tree_bytes(again / "data/prepared") == tree_bytes(prepared / "data/prepared")
+    extracted = tmp_path / "extracted"
+    with tarfile.open(raw / "cifar-10-python.tar.gz") as tar:
+        tar.extractall(extracted, filter="data")
+    assert (extracted / "cifar-10-batches-py").is_dir()
+    third = _run_stage_in(_project(tmp_path / "q", extracted), prepare)
+    assert tree_bytes(third / "data/prepared") == tree_bytes(prepared / "data/prepared")
+
+
+def test_a_manifest_from_before_a_data_key_reads_as_its_old_default():
+    """data.subset came later: data prepared before it was the seeded subset, and a run asking for
+    another subset on it was let through."""
+    from stages.pipeline.prepare import refuse_stale
+    from pbr.errors import UserError
+
+    cfg = from_dict({"data": {"subset": "ldam", "imbalance_ratio": 0.1}})
+    old = {"params": {k: v for k, v in cfg.to_dict()["data"].items() if k != "subset"}}
+    with pytest.raises(UserError, match="data.subset = 'seeded' but the params file says 'ldam'"):
+        refuse_stale(cfg, old)
+    refuse_stale(from_dict({"data": {"imbalance_ratio": 0.1}}), old)

@@ -238,3 +238,16 @@ def test_params_read_as_dvc_writes_and_reads_them(tmp_path):
     from stages.experiments.sweep import parse_assignments
 
     assert parse_assignments(["train.lr=1e-5", "seed=010"], "--only") == {"train.lr": 1e-5, "seed": 10}
+
+
+@pytest.mark.parametrize("text", ["1e-05", ".5", "+.5", "1.", "1.e5", "-3", "+12", "010", "0777", "0o17", "0x1F",
+                                  "-0x1F", "0b101", "5_120", "1_000.5", "1_0e1_0", "-.inf", ".NaN", "yes", "on",
+                                  "True", "false", "1:30", "2026-11-28", "~", "null", "0b", "0x"])
+def test_a_value_reads_as_dvc_reads_it(text):
+    """DVC reads params.yaml with ruamel: every value reads to the same Python value and type here."""
+    from ruamel.yaml import YAML
+
+    from stages.runtime.yaml12 import read_yaml
+
+    dvc, ours = YAML(typ="safe").load(f"a: {text}")["a"], read_yaml(f"a: {text}")["a"]
+    assert type(ours) is type(dvc) and (ours == dvc or (ours != ours and dvc != dvc)), (ours, dvc)

@@ -197,6 +197,9 @@ def test_no_runs_message(env, tmp_path):
     (old / "report.csv").write_text(",".join(report.CSV_COLUMNS) + "\nfull protocol,ordered,0.01,cifar10,PBR,200\n")
     (old / "report" / "ordered-ir-0.01-acc.png").write_bytes(b"png")
     (old / "report" / "ordered-ir-0.01-bwt.png").write_bytes(b"png")  # another metric's: kept
+    kept = (old / "report.csv").read_text()
+    report.run(experiment="missing", csv_path=old / "report.csv", figures_dir=old / "report")  # a typo
+    assert (old / "report.csv").read_text() == kept and len(list((old / "report").iterdir())) == 2
     report.run(experiment="empty", csv_path=old / "report.csv", figures_dir=old / "report")
     assert (old / "report.csv").read_text() == ",".join(report.CSV_COLUMNS) + "\n"
     assert [p.name for p in (old / "report").iterdir()] == ["ordered-ir-0.01-bwt.png"]
@@ -651,3 +654,19 @@ def test_a_run_without_a_seed_is_left_out_and_auto_threads_are_what_the_run_had(
     (g,), _ = report.group_runs(runs)
     assert len(g.runs) == 2 and g.by_seed("class_il", "acc") == {"0": pytest.approx((44.74 + 44.89) / 2)}
     assert any("differ in train.threads (1, 2)" in n for n in g.notes)
+    # On a GPU an auto run's threads follow how many runs shared the machine and change nothing: a
+    # re-queued run is a repeat, counted once (the newer).
+    gpu = [RunRecord(f"g{n}", report.pin_auto({**p, "seed": "0", "train.threads": "auto"},
+                                              {"pbr.threads": str(n), "pbr.device": "cuda"}),
+                     {"class_il.acc": acc, "task_il.acc": 80.0}, t, {"pbr.device": "cuda"})
+           for t, (n, acc) in enumerate(((16, 50.0), (4, 52.0)))]
+    (g,), _ = report.group_runs(gpu)
+    assert [r.run_id for r in g.runs] == ["g4"] and g.by_seed("class_il", "acc") == {"0": 52.0}
+
+
+def test_a_hal_run_from_before_hal_memory_keeps_its_budget():
+    """HAL ran a ring (no online reservoir) before `hal_memory` existed: its `method.reservoir` param
+    changes nothing, so the run stays in its budget's table rather than one of its own."""
+    old = {**BASE, "method.name": "hal", "seed": "0", "method.reservoir": "first_epoch"}
+    assert report.budget_of(old) == "full protocol"
+    assert report.budget_of({**old, "method.hal.hal_memory": "reservoir"}) == "width 64, epochs 50, reservoir first_epoch"

@@ -86,7 +86,8 @@ def write_prepared(out: Path, raw: RawDataset, stream: Stream, params: dict, sha
         "task_train_counts": [len(i) for i in stream.train_indices],
         "task_test_counts": [len(i) for i in stream.test_indices],
         "params": params,
-        "raw": {"source": Path(raw.source).name, "content_sha256": raw.content_hash()},
+        # The content's hash, not where or in which form (archive or extracted folder) it was read.
+        "raw": {"content_sha256": raw.content_hash()},
         "shards": shards,
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))

@@ -312,7 +312,7 @@ def budget_of(params: dict[str, str]) -> str:
 
     width, epochs = params.get("model.width", "64"), params.get("train.epochs", "50")
     reservoir = params.get("method.reservoir", "every_epoch")
-    if not _reads(params, "reservoir"):
+    if not _reads(resolved(params), "reservoir"):  # resolved: a HAL run from before hal_memory ran the ring
         reservoir = None  # the method has no online reservoir: the setting does not change it
     proxy = BUDGETS["proxy"]
     if (width, epochs) == (str(proxy["model.width"]), str(proxy["train.epochs"])) and \
@@ -348,7 +348,9 @@ def pin_auto(params: dict[str, str], tags: dict[str, str]) -> dict[str, str]:
     """The run's "auto" method settings replaced by the values it ran with (its `resolved.*` tags),
     so that a run from before a default changed is not read with today's default."""
     out = dict(params)
-    if params.get("train.threads") == "auto" and tags.get("pbr.threads"):  # how many the run had
+    # How many threads an auto run had, where they move its results (a CPU's last digits); on a GPU
+    # the count follows how many runs shared the machine, and changes nothing.
+    if params.get("train.threads") == "auto" and tags.get("pbr.threads") and tags.get("pbr.device", "cpu") == "cpu":
         out["train.threads"] = tags["pbr.threads"]
     for key, value in params.items():
         if value == "auto" and (key.startswith("method.") or key in ("train.lr", "train.precision", "train.channels_last",
@@ -807,7 +809,9 @@ def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, m
     if not groups:
         text = no_runs_message(uri, experiment)
         if skipped:
-            text += f" ({len(skipped)} complete run(s) lack data.* / method.* params.)"
+            text += f" ({len(skipped)} complete run(s) lack a seed or data.* / method.* params.)"
+        if runs is None:  # no such store or experiment (a typo, another store): leave the files alone
+            return Report(text + "\n", [])
         if csv_path is not None and Path(csv_path).is_file():
             write_csv([], Path(csv_path), metric)
         if figures_dir is not None and Path(figures_dir).is_dir():

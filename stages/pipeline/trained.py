@@ -45,8 +45,8 @@ def refuse_other_params(cfg, record: dict) -> None:
         return
     for key in sorted(set(then) | set(now)):
         if then.get(key) != now.get(key):
-            raise UserError(f"{paths.TRAIN} was trained with {key} = {then.get(key)!r} but params.yaml says "
-                            f"{now.get(key)!r}; run `dvc repro` (or pbr train) first")
+            raise UserError(f"{paths.TRAIN} was trained with {key} = {then.get(key)!r} but the params file says "
+                            f"{now.get(key)!r}; run `dvc repro` (or pbr train, then the stages after it)")
 
 
 def check_trained(cfg, manifest: dict) -> None:

@@ -50,21 +50,23 @@ def _unique_key_loader():
     Loader.yaml_implicit_resolvers = {
         first: [(tag, rx) for tag, rx in resolvers if tag not in one_one]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-    # The YAML 1.2 core schema's booleans, integers and floats.
+    # The YAML 1.2 core schema's booleans, integers and floats, with what ruamel (DVC) also takes:
+    # digit separators (5_120), signed and binary integers (-0x1F, 0b101).
     Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                                  list("tTfF"))
-    Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
-                                 list("-+0123456789"))
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0b[01_]+|0o[0-7_]+|0x[0-9a-fA-F_]+|[0-9][0-9_]*)$"),
+        list("-+0123456789"))
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
-        re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+        re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
                    r"|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
 
     def integer(loader, node):
-        text = loader.construct_scalar(node)
-        if text.startswith("0o"):
-            return int(text[2:], 8)
-        return int(text, 16) if text.startswith("0x") else int(text, 10)
+        text = loader.construct_scalar(node).replace("_", "")
+        sign, digits = (-1, text[1:]) if text[0] == "-" else (1, text.lstrip("+"))
+        base = {"0b": 2, "0o": 8, "0x": 16}.get(digits[:2], 10)
+        return sign * int(digits[2:] if base != 10 else digits, base)
 
     Loader.add_constructor("tag:yaml.org,2002:int", integer)
 
