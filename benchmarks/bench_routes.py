@@ -529,7 +529,8 @@ def _atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The call's options (tests/test_bench_runs_gpu.py parses docs/gpu.md's commands with it)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default=None, help="cuda where there is one, else cpu")
     ap.add_argument("--width", type=int, default=64)
@@ -560,7 +561,11 @@ def main() -> None:
     ap.add_argument("--lanes-n", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
     ap.add_argument("--start-folder", default=None, help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    a = parser().parse_args()
     if importlib.util.find_spec("pbr") is None:  # a bare GPU machine: the checkout, not installed
         sys.path.insert(0, str(HERE.parent))
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(HERE.parent), os.environ.get("PYTHONPATH"))))

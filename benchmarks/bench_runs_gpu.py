@@ -1,11 +1,11 @@
 """Whole runs on one GPU, with and without MPS: runs per hour through the training code itself.
 
-    python benchmarks/bench_runs_gpu.py --out $OUT                          # a GPU session, about 6 min
+    python benchmarks/bench_runs_gpu.py --out $OUT      # random pixels, 10 epochs a task: speed only
     python benchmarks/bench_runs_gpu.py --device cpu --width 4 --small      # a smoke check, about a minute
     # accuracy too: the real Seq-CIFAR-10-LT, prepared here and carried (run's carry: gpu-carry)
     pbr prepare && mkdir -p gpu-carry && tar -cJf gpu-carry/prepared.tar.xz data/prepared   # 51 MB
     python benchmarks/bench_runs_gpu.py --prepared gpu-carry/prepared.tar.xz --epochs 50 \
-        --phases mps,mps-graphs --mps-runs 6 --out $OUT
+        --phases mps-graphs --mps-runs 6 --seconds 540 --out $OUT    # one phase a call (docs/gpu.md)
 
 bench_routes times the ER step in a loop; this runs what `pbr sweep --offline` runs: each run its
 own process running the train then the evaluate stage (`pbr train`, `pbr evaluate`), recorded to
@@ -59,6 +59,11 @@ ROWS = ("pbr", "er-lr0.1")
 def child(folder: Path) -> None:
     """One run in `folder` (its params.yaml and data/prepared link): what `pbr train` then `pbr evaluate`
     run, recorded where MLFLOW_TRACKING_URI says (the parent sets plain files: journal:)."""
+    import signal
+
+    # Stopped (the call's deadline, its SIGTERM): unwind as Ctrl-C, so the run's record says KILLED
+    # rather than RUNNING forever, which `pbr import` would wait on.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     os.chdir(folder)
     from stages.pipeline import evaluate, train
     from stages.runtime import tracking
@@ -81,9 +86,9 @@ def child(folder: Path) -> None:
 def prepare(base: Path, a) -> dict:
     """The data the runs train on, prepared once under `base` (fake CIFAR-10 in its archive format,
     or --prepared unpacked or linked); returns the params the runs start from."""
-    import yaml
+    from stages.runtime.yaml12 import read_params
 
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = read_params(ROOT / "params.yaml")
     params["model"]["width"] = a.width
     params["train"].update(device=a.device, epochs=a.epochs)
     if a.prepared:
@@ -121,6 +126,23 @@ def carried(source: Path, dest: Path) -> dict:
         raise SystemExit(f"--prepared {source}: no data/prepared/manifest.json in it (pack it with "
                          f"`tar -cJf gpu-carry/prepared.tar.xz data/prepared` after `pbr prepare`)")
     return {k: v for k, v in json.loads(manifest.read_text())["params"].items() if k not in ("root", "download")}
+
+
+def carried_refusal(base: Path, params: dict, runs: list) -> str:
+    """Why the runs would be refused the prepared data under `base` (the grid's data keys against
+    what prepared it, as the train stage checks it), or "": said once, before any phase starts."""
+    from pbr.errors import UserError
+    from stages.experiments.sweep import _merged
+    from stages.pipeline.prepare import refuse_stale
+    from stages.runtime.config import from_dict
+
+    manifest = json.loads((base / "data" / "prepared" / "manifest.json").read_text())
+    for r in runs:
+        try:
+            refuse_stale(from_dict(_merged(params, r.overrides)), manifest)
+        except UserError as e:
+            return f"{r.name}: {e}"
+    return ""
 
 
 CALL_KEYS = ("train.compile", "train.device", "train.epochs", "model.width", "seed")  # the call's options
@@ -216,9 +238,11 @@ def stop_all(procs) -> None:
 
 
 def phase(name: str, base: Path, params: dict, runs: list, env: dict, relay: Relay, out: Path,
-          progress=lambda results, elapsed: None) -> dict:
-    """The runs at once, each to its end; `progress` hears of every run that ends (its result carries
-    `end_s`, its seconds since the phase began), so a call killed at its limit keeps what finished."""
+          progress=lambda results, elapsed: None, deadline: float | None = None) -> dict:
+    """The runs at once, each to its end, or to `deadline` (time.time()), where the runs still going
+    are stopped (their records KILLED) and the phase ends `stopped`; `progress` hears of every run that
+    ends (its result carries `end_s`, its seconds since the phase began), so a call killed at its
+    limit keeps what finished."""
     import yaml
 
     from stages.experiments.sweep import _merged
@@ -238,8 +262,13 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict, relay: Rel
                 procs[r.name] = (d, subprocess.Popen([sys.executable, __file__, "--child", str(d)], env=env,
                                                      stdout=res, stderr=log))
         progress({}, 0.0)
+        stopped = False
         while procs:
             time.sleep(1.0)
+            if deadline is not None and time.time() >= deadline and not stopped:
+                print(f"{name}: --seconds spent; stopping {len(procs)} run(s)", flush=True)
+                stop_all([p for _, p in procs.values()])  # each ends now; the loop below records it
+                stopped = True
             for k, (d, _) in procs.items():
                 relay(f"{name}/{k}", d / "run.log")
             ended = [k for k, (_, p) in procs.items() if p.poll() is not None]
@@ -248,6 +277,8 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict, relay: Rel
                 relay(f"{name}/{k}", d / "run.log", final=True)
                 text = (d / "result.out").read_text().strip()
                 res = json.loads(text.splitlines()[-1]) if p.returncode == 0 and text else None
+                if res is None and stopped:
+                    res = {"failed": "stopped at the call's --seconds", "stopped": True}
                 if res is None:
                     tail = (d / "run.log").read_text().strip().splitlines()[-3:]
                     res = {"failed": f"exit {p.returncode}: " + " | ".join(tail)[-600:]}
@@ -262,12 +293,16 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict, relay: Rel
     finally:  # stopped (SIGTERM, Ctrl-C) or failed: no run goes on training unwatched, then the record
         if not completed:
             stop_all([p for _, p in procs.values()])
+            try:  # the stopped runs' records (KILLED) too: what finished must not wait on them
+                pack(base / "journal", out)
+            except Exception as e:
+                print(f"journal.tar.gz not repacked: {type(e).__name__}: {e}", flush=True)
             try:
                 progress(dict(results), time.time() - t0)
             except Exception as e:  # the exception under way is the one to report
                 print(f"runs_gpu.json not rewritten: {type(e).__name__}: {e}", flush=True)
     results = {r.name: results[r.name] for r in runs}
-    return {"runs": results, "wall_s": time.time() - t0}
+    return {"runs": results, "wall_s": time.time() - t0, **({"stopped": True} if stopped else {})}
 
 
 def rates(res: dict, runs_at_once: int, epochs: int) -> None:
@@ -340,6 +375,7 @@ def write(out: Path, result: dict, quiet: bool = False) -> None:
                                                                          "full_protocol_slot_runs_per_hour"))
         lines.append(f"| {name} | {res['runs_at_once']} | {res['mps']} | {res['wall_s']:.0f} | {res['runs_per_hour']:.1f}, "
                      f"{slot} | {res['full_protocol_runs_per_hour']:.1f}, {full_slot} |"
+                     + (" stopped at --seconds: the finished runs are the faster ones" if res.get("stopped") else "")
                      + (f" failed: {failed}" if failed else ""))
     lines += ["", f"seeds in both mps and off, final Class-IL by phase: {result['same_seeds']}; mps and off rows "
               f"identical: {result['same_rows']}"]
@@ -360,7 +396,8 @@ def write(out: Path, result: dict, quiet: bool = False) -> None:
         print("\n".join(lines), flush=True)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The call's options (tests/test_bench_runs_gpu.py parses docs/gpu.md's commands with it)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--width", type=int, default=64)
@@ -380,9 +417,16 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a params.yaml setting for every run of the call, as `dvc exp run -S` takes it "
                          "(train.precision=bf16, train.channels_last=true); repeatable, recorded in the meta")
+    ap.add_argument("--seconds", type=float, help="stop the runs still going this long after the call began "
+                    "(their records KILLED, the journal packed, the MPS daemon quit), so that a call's own end, "
+                    "not the device tool's kill, closes it; later phases are skipped")
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench_runs_gpu_out")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    a = parser().parse_args()
     sys.path.insert(0, str(ROOT))
     if a.child:
         return child(a.child)
@@ -395,6 +439,7 @@ def main() -> None:
     from stages.experiments.sweep import _merged, parse_seeds, plan
     from stages.runtime import mps
 
+    deadline = time.time() + a.seconds if a.seconds else None
     rows = a.rows.split(",")
     seeds = parse_seeds(a.seeds) if a.seeds else list(range(max(a.mps_runs, a.off_runs) // len(rows) + 1))
     over = settings(a.set, a.rows, seeds)  # before anything is prepared: a bad --set costs no device time
@@ -429,6 +474,9 @@ def main() -> None:
         result["meta"]["prepare_s"] = round(time.time() - t, 1)
         grid = plan("fidelity", seeds, {}, {"row": rows}, ROOT / "params.yaml", "full")
         by_seed = sorted(grid, key=lambda r: (r.overrides["seed"], r.name))
+        stale = carried_refusal(base, params, by_seed)  # before any phase: every run would be refused
+        if stale:
+            raise SystemExit(stale)
         phases = {"mps": (a.mps_runs, "mps", False), "off": (a.off_runs, "off", False),
                   "mps-graphs": (a.mps_runs, "mps", True)}
         relay = Relay(out / "runs.log")
@@ -436,6 +484,10 @@ def main() -> None:
             n, mode, graphs = phases[name]
             n = min(n, len(by_seed))  # the runs this phase has (--seeds may give fewer)
             on = a.device == "cuda"
+            if deadline is not None and time.time() >= deadline:
+                result["phases"][name] = {"runs_at_once": n, "mps": False, "skipped": "--seconds spent"}
+                write(out, result)
+                continue
             if graphs and not on:
                 result["phases"][name] = {"runs_at_once": n, "mps": False, "skipped": "CUDA graphs need a GPU"}
                 write(out, result)
@@ -461,7 +513,7 @@ def main() -> None:
                 with mps.shared("auto" if mode == "mps" else "off", on, log=tell) as shared:
                     res = phase(name, base, p, by_seed[:n], {**child_env, **{k: os.environ[k] for k in
                                                                              (mps.PIPE, mps.LOG) if k in os.environ}},
-                                relay, out, progress)
+                                relay, out, progress, deadline)
             except Exception as e:  # recorded; the next phase still runs
                 res = {"failed": f"{type(e).__name__}: {e}"}
             res.update(runs_at_once=n, mps=bool(shared), set=a.set, **({"mps_note": said[-1]} if said else {}))

@@ -163,3 +163,96 @@ def test_a_stopped_phase_kills_its_runs_and_records_what_finished(tmp_path, monk
     assert records[0] == {} and list(records[1]) == ["fast"] and list(records[2]) == ["fast"]
     assert records[1]["fast"]["class_il"] == 50.0
     assert "mps/fast [ 0 s] started" in (tmp_path / "runs.log").read_text().splitlines()
+
+
+def test_the_calls_deadline_stops_its_runs_and_says_so(tmp_path, monkeypatch):
+    """--seconds: the runs still going at the deadline are stopped by the call itself (the device
+    tool's kill at its limit left records RUNNING, which `pbr import` waits on for ever), the phase
+    says it was stopped, and the finished run keeps its result."""
+    import os
+    import time
+    from types import SimpleNamespace
+
+    fake = tmp_path / "run.py"
+    fake.write_text("import sys, time\nfrom pathlib import Path\nd = Path(sys.argv[2])\n"
+                    "if d.name != 'fast':\n    time.sleep(120)\nprint('{\"class_il\": 50.0}')\n")
+    monkeypatch.setattr(bench, "__file__", str(fake))
+    (tmp_path / "data/prepared").mkdir(parents=True)
+    runs = [SimpleNamespace(name=n, overrides={}) for n in ("fast", "slow")]
+    t = time.time()
+    res = bench.phase("mps", tmp_path, {"train": {}}, runs, dict(os.environ), bench.Relay(tmp_path / "runs.log"),
+                      tmp_path, deadline=t + 3)
+    assert time.time() - t < 30 and res["stopped"] is True
+    assert res["runs"]["fast"]["class_il"] == 50.0
+    assert res["runs"]["slow"]["failed"] == "stopped at the call's --seconds"
+    bench.rates(res, 2, 10)  # one finished run over the phase's wall time
+    assert res["runs_per_hour"] == pytest.approx(3600 / res["wall_s"])
+
+
+def test_a_stopped_run_is_recorded_killed_not_running(tmp_path, finished):
+    """A run's process stopped with SIGTERM (the deadline, the call's own stop) marks its record
+    KILLED: one left RUNNING never imports (`pbr import` waits for it to finish there)."""
+    import os
+    import shutil
+    import signal
+    import sys
+    import time
+
+    from project import copy_project
+    from stages.runtime import journal
+
+    run = copy_project(finished, tmp_path / "run")
+    shutil.rmtree(run / "artifacts/train")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": journal.uri(tmp_path / "j"), "PBR_GIT_COMMIT": "0123abc",
+           "PYTHONPATH": str(ROOT)}
+    with open(tmp_path / "log", "w") as log:
+        p = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/bench_runs_gpu.py"), "--child", str(run)],
+                             env=env, stdout=log, stderr=log)
+        deadline = time.time() + 120
+        while time.time() < deadline and "task 1/5 done" not in (tmp_path / "log").read_text():
+            time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(60) != 0
+    [got] = journal.Reader(tmp_path / "j").search_runs(["pbr"])
+    assert got.info.status == "KILLED", (tmp_path / "log").read_text()[-2000:]
+
+
+def test_data_carried_with_other_settings_is_refused_before_any_phase(tmp_path):
+    """The grid's runs set data.imbalance_ratio 0.01 and so on over the carried data's settings:
+    data prepared at IR 0.1 got every run of the call refused by the train stage, a few seconds in,
+    after the machine's start and the MPS daemon's."""
+    from stages.experiments.sweep import plan
+    from stages.runtime.config import from_dict
+    from stages.runtime.yaml12 import read_params
+
+    params = read_params(ROOT / "params.yaml")
+    runs = plan("fidelity", [0], {}, {"row": ["pbr"]}, ROOT / "params.yaml", "full")
+    (tmp_path / "data/prepared").mkdir(parents=True)
+    data = from_dict(params).to_dict()["data"]
+    for ir, want in ((0.01, ""), (0.1, "data/prepared was built with data.imbalance_ratio = 0.1")):
+        (tmp_path / "data/prepared/manifest.json").write_text(json.dumps({"params": {**data, "imbalance_ratio": ir}}))
+        got = bench.carried_refusal(tmp_path, params, runs)
+        assert (got == want) if not want else (want in got and got.startswith(runs[0].name)), got
+
+
+def test_the_commands_docs_gpu_md_gives_parse(monkeypatch):
+    """A GPU session runs docs/gpu.md's commands as written: an option a script does not have costs
+    the call. Every `benchmarks/bench_runs_gpu.py` and `bench_routes.py` command there parses."""
+    import re
+    import shlex
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its `common`, as the script finds it
+    spec2 = importlib.util.spec_from_file_location("bench_routes", ROOT / "benchmarks/bench_routes.py")
+    routes = importlib.util.module_from_spec(spec2)
+    spec2.loader.exec_module(routes)
+    parsers = {"bench_runs_gpu.py": bench.parser(), "bench_routes.py": routes.parser()}
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "docs/gpu.md").read_text(), re.S)
+    seen = {k: 0 for k in parsers}
+    for line in "\n".join(blocks).replace("\\\n", " ").splitlines():
+        m = re.search(r"benchmarks/(bench_runs_gpu\.py|bench_routes\.py)((?:\s+--?[\w-]+(?:[ =][^\s|`]+)?)*)", line)
+        if not m or "python" not in line:
+            continue
+        args = shlex.split(m.group(2).replace("$OUT", "out").replace("FILE.json", "f.json"))
+        parsers[m.group(1)].parse_args(args)  # exits (SystemExit) on an option it does not have
+        seen[m.group(1)] += 1
+    assert seen["bench_runs_gpu.py"] >= 2 and seen["bench_routes.py"] >= 2, seen

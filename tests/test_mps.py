@@ -105,3 +105,23 @@ def test_bad_gpu_share_is_a_one_line_error(args, needle, monkeypatch, capfd):
         cli.main()
     err = [x for x in capfd.readouterr().err.splitlines() if x.strip()]
     assert e.value.code == 2 and len(err) == 1 and needle in err[0], err
+
+
+def test_a_daemon_that_starts_but_serves_no_client_is_quit_and_the_runs_time_slice(no_control, tmp_path,
+                                                                                  monkeypatch):
+    """`-d` exits 0, yet a client through the pipe fails (here: no CUDA at all): every run of the sweep
+    would fail at its first kernel. One client is tried first; the daemon is told to quit."""
+    control = no_control / mps.CONTROL
+    control.write_text('#!/bin/sh\nif [ "$1" = "-d" ]; then exit 0; fi\n/bin/cat >> "$MARK"\n')
+    control.chmod(0o755)
+    monkeypatch.setenv("MARK", str(tmp_path / "told"))
+    fake = tmp_path / "client"
+    fake.mkdir()
+    # The client's python: its `import torch` fails as a client refused by the daemon would.
+    (fake / "torch.py").write_text("raise RuntimeError('CUDA error: all CUDA-capable devices are busy or unavailable')\n")
+    monkeypatch.setenv("PYTHONPATH", str(fake))
+    said = []
+    with mps.shared("auto", True, log=said.append) as shared:
+        assert shared is False and mps.PIPE not in os.environ
+    assert "a CUDA client through it failed: RuntimeError: CUDA error: all CUDA-capable devices are busy" in said[0]
+    assert (tmp_path / "told").read_text() == "quit\n"

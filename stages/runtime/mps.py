@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -42,6 +43,27 @@ def start(folder: str) -> tuple[dict[str, str] | None, str]:
     return env, ""
 
 
+CLIENT_TIMEOUT = 120  # seconds a first CUDA client through the daemon may take (torch's import included)
+
+
+def serves(env: dict[str, str]) -> str:
+    """Why a CUDA client cannot use the daemon, or "": a daemon that started may still refuse its
+    clients (another user's server on the GPU, a compute mode that forbids it), and every run of the
+    sweep would then fail at its first kernel. One client, before any run starts."""
+    code = "import torch; x = torch.ones(1, device='cuda'); x.add_(1); torch.cuda.synchronize()"
+    try:
+        p = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                           timeout=CLIENT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return f"a CUDA client through it did not finish within {CLIENT_TIMEOUT} s"
+    except OSError as e:
+        return f"a CUDA client through it did not start: {e}"
+    if p.returncode != 0:
+        last = (p.stderr or p.stdout).strip().splitlines()[-1:] or [f"exit {p.returncode}"]
+        return f"it started, but a CUDA client through it failed: {last[0][:200]}"
+    return ""
+
+
 def stop(env: dict[str, str]) -> None:
     try:
         subprocess.run([CONTROL], input="quit\n", env={**os.environ, **env}, capture_output=True, text=True, timeout=20)
@@ -60,6 +82,11 @@ def daemon() -> Iterator[tuple[dict[str, str] | None, str]]:
     with tempfile.TemporaryDirectory(prefix="pbr-mps-", ignore_cleanup_errors=True) as folder:
         try:
             env, why = start(folder)
+            if env is not None:
+                why = serves(env)
+                if why:
+                    stop(env)
+                    env = None
         except BaseException:  # interrupted while starting: a daemon that forked off before must quit too
             stop({PIPE: os.path.join(folder, "pipe"), LOG: os.path.join(folder, "log")})
             raise
