@@ -209,8 +209,13 @@ def test_a_stopped_run_is_recorded_killed_not_running(tmp_path, finished):
         p = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/bench_runs_gpu.py"), "--child", str(run)],
                              env=env, stdout=log, stderr=log)
         deadline = time.time() + 120
-        while time.time() < deadline and "task 1/5 done" not in (tmp_path / "log").read_text():
-            time.sleep(0.2)
+
+        def training():  # the stage's record made, its tags set: the stage is under way
+            return any("pbr.stage" in t.read_text() for t in (tmp_path / "j").glob("pbr/*/tags.json"))
+
+        while time.time() < deadline and not training():
+            time.sleep(0.1)
+        time.sleep(0.5)
         p.send_signal(signal.SIGTERM)
         assert p.wait(60) != 0
     [got] = journal.Reader(tmp_path / "j").search_runs(["pbr"])

@@ -237,9 +237,14 @@ def test_an_interrupted_laned_training_stops_its_lanes_before_handing_back_the_n
         time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGINT)  # a real signal: it wakes the caller's join
 
-    threading.Thread(target=interrupt, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        train_laned(methods, run)
+    # Ctrl-C's own handler (a pytest-xdist worker ignores SIGINT)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            train_laned(methods, run)
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert not [t for t in threading.enumerate() if t.name.startswith("lane-")]
     before = [copy.deepcopy(m.net.state_dict()) for m in methods]
     time.sleep(0.3)

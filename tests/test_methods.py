@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from pbr.data.augment import Augment, normalize
-from pbr.loop import evaluate, fit_task, train_tasks
+from pbr.loop import Observer, evaluate, fit_task, train_tasks
 from pbr.methods import METHODS, Context
 from pbr.models import Net
 
@@ -40,12 +40,31 @@ def _run_tasks(method, ctx, n_tasks=2, epochs=1):
     return seen
 
 
+class _Norms(Observer):
+    def __init__(self, method):
+        self.method, self.rows = method, []
+
+    def task_done(self, task, stats, class_il, task_il):
+        self.rows.append(self.method.classifier_norms().clone())
+
+
 def test_every_method_learns_and_keeps_its_buffer_within_capacity():
+    """Also: the weight-norm plot and the MC-dropout score read a classifier the method trains: its
+    norms change from one task to the next, and the head MC dropout samples left its initial weights.
+    (PODNet+ predicts with its LSC: the Net's head stays at its initialisation, and reporting it
+    plotted random weights and scored a random head.)"""
     for name, cls in METHODS.items():
         method, ctx = _setup(name)
         before = _params(method.net)
-        _run_tasks(method, ctx)
+        mc = method.mc_network()
+        head0 = None if mc is None else mc.head.weight.detach().clone()
+        norms = _Norms(method)
+        train_tasks(method, [_task(t) for t in range(2)], [_task(t, n=4, seed=50) for t in range(2)], [1, 1], 8,
+                    observer=norms)
         assert not torch.equal(before, _params(method.net)), name
+        assert not torch.equal(norms.rows[0], norms.rows[1]), name
+        mc = method.mc_network()
+        assert mc is None or not torch.equal(head0, mc.head.weight.detach()), name
         if cls.uses_buffer:
             assert 0 < len(method.buffer) <= 16, name
             assert set(method.buffer.tasks[: len(method.buffer)].tolist()) <= {0, 1}
@@ -201,28 +220,3 @@ def test_step_hooks_penalty_gradient_change_and_after_step():
     assert method.steps == 1
     assert loss.item() == pytest.approx(plain.observe(x, labels[:8], images[:8]).item() + 5.0, rel=1e-5)
 
-
-def test_the_classifier_a_method_reports_and_samples_is_one_training_moves():
-    """The weight-norm plot and the MC-dropout score read a classifier the method trains: its norms
-    change from one task to the next, and the head MC dropout samples left its initial weights.
-    (PODNet+ predicts with its LSC: the Net's head stays at its initialisation, and reporting it
-    plotted random weights and scored a random head.)"""
-    from pbr.loop import Observer
-
-    class Norms(Observer):
-        def __init__(self, method):
-            self.method, self.rows = method, []
-
-        def task_done(self, task, stats, class_il, task_il):
-            self.rows.append(self.method.classifier_norms().clone())
-
-    for name in METHODS:
-        method, ctx = _setup(name)
-        mc = method.mc_network()
-        head0 = None if mc is None else mc.head.weight.detach().clone()
-        seen = [_task(t) for t in range(2)]
-        obs = Norms(method)
-        train_tasks(method, seen, [_task(t, n=4, seed=50) for t in range(2)], [1, 1], 8, observer=obs)
-        assert not torch.equal(obs.rows[0], obs.rows[1]), name
-        mc = method.mc_network()
-        assert mc is None or not torch.equal(head0, mc.head.weight.detach()), name

@@ -100,10 +100,15 @@ def _scores(root, tmp_path, cfg):
 
 
 def test_scoring_follows_the_trained_run_not_todays_params(trained, tmp_path):
+    from pbr.errors import UserError
+
     as_trained = _scores(trained, tmp_path / "a", _stage_cfg(trained, tau1=0.5, mi_logits="cosine"))
-    # params.yaml edited after training: the scores must not move.
-    edited = _scores(trained, tmp_path / "b", _stage_cfg(trained, tau1=0.1, mi_logits="scaled"))
-    assert as_trained["mi"].equals(edited["mi"]) and as_trained["entropy"].equals(edited["entropy"])
+    # auto in today's params.yaml (whatever today's defaults would pick): the run as it was trained.
+    auto = _scores(trained, tmp_path / "b", _stage_cfg(trained))
+    assert as_trained["mi"].equals(auto["mi"]) and as_trained["entropy"].equals(auto["entropy"])
+    # other values written out: refused in one line, rather than scored under a label the run never had
+    with pytest.raises(UserError, match="method.pbr.mi_logits = 'cosine' but the params file says 'scaled'"):
+        _scores(trained, tmp_path / "e", _stage_cfg(trained, tau1=0.1, mi_logits="scaled"))
     # The run's own temperature is tau1 * s = 0.5 * 10: giving it explicitly scores the same, and
     # another one does not (so the check above could have failed).
     explicit = _scores(trained, tmp_path / "c", _stage_cfg(trained, score={"temperature": 5.0}))

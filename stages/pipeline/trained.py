@@ -35,8 +35,10 @@ def trained_params(cfg) -> dict:
 
 def refuse_other_params(cfg, record: dict) -> None:
     """Score and evaluate record their results under today's params.yaml: it must still say what
-    artifacts/train was trained with (one line naming the first key that differs). A run.json
-    written before it kept its params is taken as it is."""
+    artifacts/train was trained with (one line naming the first key that differs). `auto`, on
+    either side, is the run's own value (its resolved.* tags say which), whatever today's defaults
+    or machine would pick, so the stages read the run as it was trained. A run.json written before
+    it kept its params is taken as it is."""
     from pbr.errors import UserError
     from stages.runtime import paths
 
@@ -44,7 +46,7 @@ def refuse_other_params(cfg, record: dict) -> None:
     if then is None:
         return
     for key in sorted(set(then) | set(now)):
-        if then.get(key) != now.get(key):
+        if then.get(key) != now.get(key) and "auto" not in (then.get(key), now.get(key)):
             raise UserError(f"{paths.TRAIN} was trained with {key} = {then.get(key)!r} but the params file says "
                             f"{now.get(key)!r}; run `dvc repro` (or pbr train, then the stages after it)")
 
