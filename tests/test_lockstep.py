@@ -245,7 +245,7 @@ def test_an_interrupted_laned_training_stops_its_lanes_before_handing_back_the_n
             train_laned(methods, run)
     finally:
         signal.signal(signal.SIGINT, old)
-    assert not [t for t in threading.enumerate() if t.name.startswith("lane-")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("lane-") and t.is_alive()]
     before = [copy.deepcopy(m.net.state_dict()) for m in methods]
     time.sleep(0.3)
     for m, b in zip(methods, before):
