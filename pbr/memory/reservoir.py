@@ -1,4 +1,5 @@
-"""Vitter's reservoir as Mammoth runs it, online (ER, DER, DER++, A-GEM-R, PBR's `sampling: reservoir`)."""
+"""Vitter's reservoir as Mammoth runs it, online (ER, DER, DER++, A-GEM-R, HAL by default, PBR's
+`sampling: reservoir`)."""
 
 from __future__ import annotations
 
