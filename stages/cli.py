@@ -179,6 +179,7 @@ def sweep(
         typer.echo("\n".join(r.command() for r in runs))
         typer.echo(f"{len(runs)} run{'s' * (len(runs) != 1)}", err=True)
         return
+    stage.refuse_edited_params(params)
     from stages.runtime import mps
 
     share = mps.parse_mode(gpu_share)

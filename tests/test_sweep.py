@@ -286,3 +286,30 @@ def test_the_grids_read_who_takes_part_off_the_registry(monkeypatch):
     ours = [c for c in sweep.table2({}) if c["method.name"] == "pbr"]
     assert len(ours) == 3 * 2 * (1 + len(METHODS["pbr"].ablations)) == 18
     assert {c.get("method.pbr.sampling") for c in ours} == {None, "reservoir"}
+
+
+def test_a_sweep_refuses_params_edited_since_the_commit(tmp_path, pbr_main):
+    """A quick `dvc exp run -S train.epochs=1 -S model.width=4` leaves its values in params.yaml: a
+    sweep then queued the grid's runs under their usual names at width 4, one epoch, and the full
+    sweep after `git checkout params.yaml` skipped every one of them as finished."""
+    import subprocess
+
+    import yaml
+
+    (tmp_path / "params.yaml").write_text(PARAMS.read_text())
+    for cmd in (["init", "-q"], ["add", "params.yaml"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                                                          "-m", "x"]):
+        subprocess.run(["git", *cmd], cwd=tmp_path, check=True)
+    params = yaml.safe_load(PARAMS.read_text())
+    params["model"]["width"], params["train"]["epochs"] = 4, 1
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    r = pbr_main("sweep", "table5", "--seeds", "1", "--offline", str(tmp_path / "o"), cwd=tmp_path)
+    assert r.returncode == 2 and "params.yaml differs from the commit in model.width, train.epochs" in r.stderr
+    assert "git checkout params.yaml" in r.stderr and not (tmp_path / "o").exists()
+    # where the data lies on this machine is no setting of a run: the sweep goes on
+    params = yaml.safe_load(PARAMS.read_text())
+    params["data"].update(root="/elsewhere/raw", download=False)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    from stages.experiments.sweep import refuse_edited_params
+
+    refuse_edited_params(tmp_path / "params.yaml")

@@ -488,6 +488,45 @@ def existing(repo) -> set[str]:
     return names
 
 
+# Where the data lies on this machine: no part of a run's settings (its manifest leaves them out).
+MACHINE_LOCAL = ("data.root", "data.download", "data.shard_mb")
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix.rstrip("."): d}
+    return {k: v for key, sub in d.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+
+
+def refuse_edited_params(params_file: Path) -> None:
+    """A sweep names its runs by the commit, the grid and its -S values, and skips a name that
+    finished: params.yaml edited since the commit (a quick run's -S values, which DVC leaves there)
+    would go into every run under those names, and a later full sweep would skip them as finished.
+    One line naming the keys; outside a git checkout, or where only the data's location differs, the
+    sweep goes on."""
+    import subprocess
+
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=params_file.parent, capture_output=True,
+                             text=True, timeout=20)
+        if top.returncode != 0:
+            return
+        rel = params_file.resolve().relative_to(Path(top.stdout.strip()).resolve()).as_posix()
+        head = subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=params_file.parent, capture_output=True, text=True,
+                              timeout=20)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return
+    if head.returncode != 0:  # not committed yet: nothing to differ from
+        return
+    then, now = _flat(read_yaml(head.stdout) or {}), _flat(read_params(params_file) or {})
+    edited = sorted(k for k in then.keys() | now.keys() if k not in MACHINE_LOCAL and then.get(k) != now.get(k))
+    if edited:
+        keys = ", ".join(edited[:4]) + (", ..." if len(edited) > 4 else "")
+        raise UserError(f"{params_file} differs from the commit in {keys} (say, a quick run's -S values): every run "
+                        "would take them under the grid's names, and a later sweep would skip those runs as finished; "
+                        "`git checkout params.yaml` (or commit the change, or give it with -S) first")
+
+
 def queue(runs: list[Run], log=print, before=None) -> tuple[int, int]:
     """Queue the runs that are not finished or queued already; returns (queued, skipped).
     `before` is called once the repository is open, before the first run is queued."""
