@@ -670,3 +670,12 @@ def test_a_hal_run_from_before_hal_memory_keeps_its_budget():
     old = {**BASE, "method.name": "hal", "seed": "0", "method.reservoir": "first_epoch"}
     assert report.budget_of(old) == "full protocol"
     assert report.budget_of({**old, "method.hal.hal_memory": "reservoir"}) == "width 64, epochs 50, reservoir first_epoch"
+
+
+def test_an_integer_setting_reads_as_an_integer_in_a_row_label():
+    """The report reads every number as a float to compare them ("T 3.0" in the label of a PBR run at
+    method.pbr.mc_samples 3)."""
+    p = {**BASE, "method.name": "pbr", "seed": "0"}
+    assert report.method_label({**p, "method.pbr.mc_samples": "3"}) == "PBR (T 3)"
+    assert report.method_label({**p, "method.pbr.mi_epochs": "5"}) == "PBR (MI over 5 epochs)"
+    assert report.method_label({**p, "method.pbr.tau2": "3"}) == "PBR (tau2 3.0)"  # a float setting stays one

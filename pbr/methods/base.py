@@ -176,7 +176,13 @@ class ContinualMethod:
     def variant_labels(cls, settings: dict[str, Any], own: dict[str, Any]) -> list[str]:
         """How a run reads beside the method's label in a table: one phrase for each declared
         setting whose value differs from the method's own (`own`: resolved the same way)."""
-        return [s.label(settings[s.key]) if s.label else f"{s.key} {settings[s.key]}"
+        def shown(s: Setting, v: Any) -> Any:  # an integer setting as an integer ("T 3", not "T 3.0")
+            try:
+                return str(int(float(v))) if s.type is int and float(v).is_integer() else v
+            except (TypeError, ValueError):
+                return v
+
+        return [s.label(shown(s, settings[s.key])) if s.label else f"{s.key} {shown(s, settings[s.key])}"
                 for s in cls.settings
                 if s.in_label and s.key in settings and settings[s.key] != own.get(s.key)]
 
