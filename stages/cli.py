@@ -332,9 +332,17 @@ def _port_free(port: int) -> None:
                             "with --port") from None
 
 
+INTERRUPTED = ("interrupted: what finished is kept (a stage's finished tasks too); the same command, `dvc repro` "
+               "or `dvc exp run` resumes")
+
+
 def main() -> None:
     try:
         app()
+    except SystemExit as e:
+        if e.code == 130:  # Ctrl-C: typer turns it into a silent exit 130
+            print(INTERRUPTED, file=sys.stderr)
+        raise
     except UserError as e:
         print("error: " + " ".join(line.strip() for line in str(e).splitlines()), file=sys.stderr)
         sys.exit(2)
@@ -348,7 +356,7 @@ def main() -> None:
               file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         sys.exit(130)
 
 

@@ -471,3 +471,18 @@ def test_a_manifest_from_before_a_data_key_reads_as_its_old_default():
     with pytest.raises(UserError, match="data.subset = 'seeded' but the params file says 'ldam'"):
         refuse_stale(cfg, old)
     refuse_stale(from_dict({"data": {"imbalance_ratio": 0.1}}), old)
+
+
+def test_ctrl_c_says_what_is_kept_and_how_to_resume(tmp_path, trained, pbr, monkeypatch):
+    """Ctrl-C printed "interrupted" and no more (under DVC, only DVC's own error line)."""
+    from stages.pipeline import train
+
+    def interrupted(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "run", interrupted)
+    r = pbr(_copy_trained(trained, tmp_path / "repo"), "train")
+    assert r.returncode == 130, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.splitlines()[-1] == (
+        "interrupted: what finished is kept (a stage's finished tasks too); the same command, `dvc repro` or "
+        "`dvc exp run` resumes")
