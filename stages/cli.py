@@ -204,6 +204,7 @@ def sweep(
             return
     from stages.runtime import tracking
 
+    stage.refuse_missing_data(runs, params)
     # The store is created once, before parallel workers open it.
     queued, skipped = stage.queue(runs, log=lambda m: typer.echo(m, err=True), before=tracking.init_store)
     typer.echo(f"{name}: {queued} run{'s' * (queued != 1)} queued, {skipped} already finished or queued; MLflow store "

@@ -313,3 +313,16 @@ def test_a_sweep_refuses_params_edited_since_the_commit(tmp_path, pbr_main):
     from stages.experiments.sweep import refuse_edited_params
 
     refuse_edited_params(tmp_path / "params.yaml")
+
+
+def test_a_queued_sweep_checks_its_data_before_queueing(tmp_path, pbr_main):
+    """The queue prepares each run's data in its own workspace: a data set missing at data.root (no
+    download) failed every queued run, one by one."""
+    import yaml
+
+    params = yaml.safe_load(PARAMS.read_text())
+    params["data"].update(root=str(tmp_path / "nothing"), download=False)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    r = pbr_main("sweep", "table3", "--seeds", "1", cwd=tmp_path)
+    assert r.returncode == 2 and f"data.root = {tmp_path / 'nothing'}: no cifar100 data there" in r.stderr, r.stderr
+    assert not (tmp_path / ".dvc").exists()

@@ -527,6 +527,24 @@ def refuse_edited_params(params_file: Path) -> None:
                         "`git checkout params.yaml` (or commit the change, or give it with -S) first")
 
 
+def refuse_missing_data(runs: list[Run], params_file: Path) -> None:
+    """Queued runs prepare their data in the queue, each on its own: data that is not at data.root,
+    with data.download false, failed every run there, one by one. Said once, before queueing."""
+    from pbr.data.sources import raw_present
+    from stages.runtime.paths import from_repo
+
+    base = read_params(params_file)
+    seen = set()
+    for r in runs:
+        ds, root, fetch = (_lookup(base, r.overrides, k) for k in ("data.dataset", "data.root", "data.download"))
+        if (ds, root, fetch) in seen:
+            continue
+        seen.add((ds, root, fetch))
+        if not fetch and not raw_present(ds, from_repo(root)):
+            raise UserError(f"data.root = {root}: no {ds} data there and data.download is false, so every queued "
+                            f"run of {ds} (e.g. {r.name}) would fail; put the archive there, or allow the download")
+
+
 def queue(runs: list[Run], log=print, before=None) -> tuple[int, int]:
     """Queue the runs that are not finished or queued already; returns (queued, skipped).
     `before` is called once the repository is open, before the first run is queued."""
