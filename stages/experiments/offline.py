@@ -142,22 +142,17 @@ def _project_prepared(params: dict) -> Path | None:
     data settings and no raw data is at data.root to prepare from (a GPU box that pulled the prepared
     data and not the archive); None otherwise. The train stage checks every shard's hash."""
     from pbr.data.sources import raw_present
+    from stages.pipeline.prepare import refuse_stale
     from stages.runtime import paths
     from stages.runtime.config import from_dict
 
     local = from_repo(paths.PREPARED)
+    cfg = from_dict(params)
     try:
-        made = json.loads((local / "manifest.json").read_text())["params"]
-    except (OSError, ValueError, KeyError):
+        refuse_stale(cfg, json.loads((local / "manifest.json").read_text()))  # the train stage's own check
+    except (OSError, ValueError, AttributeError, UserError):
         return None
-    want = from_dict(params).to_dict()["data"]
-    machine_local = ("root", "download")
-    from stages.runtime.config import ADDED_LATER
-
-    before = {k.removeprefix("data."): v for k, v in ADDED_LATER.items() if k.startswith("data.")}
-    if any(made.get(k, before.get(k)) != v for k, v in want.items() if k not in machine_local):
-        return None
-    return None if raw_present(want["dataset"], from_repo(want["root"])) else local
+    return None if raw_present(cfg.data.dataset, from_repo(cfg.data.root)) else local
 
 
 def _drop_dangling(link: Path) -> None:

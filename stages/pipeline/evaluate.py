@@ -12,8 +12,7 @@ import json
 
 from pbr.errors import UserError
 from pbr.metrics import minority_tasks, scenario_metrics
-from stages.pipeline.run_settings import trained_tags
-from stages.pipeline.trained import TASK_FIX, check_trained, keeps_buffer, let_the_resume_store_go
+from stages.pipeline.trained import TASK_FIX, check_trained, keeps_buffer, let_the_resume_store_go, saved_run_tags
 from stages.runtime import artifacts, faults, paths, plots
 
 
@@ -124,9 +123,7 @@ def run(cfg, log=print, tracker=None) -> dict:
         for f in sorted(out.iterdir()):
             if f.suffix in (".csv", ".png"):
                 tracker.log_artifact(f, "evaluate")
-        run_json = paths.TRAIN / "run.json"
-        trained = trained_tags(artifacts.read_json(run_json)) if run_json.is_file() else {}
-        tracker.set_tags({**trained, **dvc_lock_hashes(), "pbr.complete": "true"})
+        tracker.set_tags({**saved_run_tags(), **dvc_lock_hashes(), "pbr.complete": "true"})
     log(f"Class-IL ACC {result['class_il']['acc']:.2f} BWT {result['class_il']['bwt']:.2f} "
         f"forgetting {result['class_il']['forgetting']:.2f} minority {result['class_il']['minority_acc']:.2f} | "
         f"Task-IL ACC {result['task_il']['acc']:.2f} BWT {result['task_il']['bwt']:.2f}")

@@ -201,12 +201,10 @@ def run(cfg, log=print, tracker=None) -> dict:
     summary = _summaries(data, sc.manifest, tracker)
     if tracker is not None:
         from pbr.data.shards import manifest_hash
-        from stages.pipeline.run_settings import trained_tags
+        from stages.pipeline.trained import saved_run_tags
 
         # A run where only scoring changed holds no train stage: what it scored is said here too.
-        run_json = paths.TRAIN / "run.json"
-        trained = trained_tags(artifacts.read_json(run_json)) if run_json.is_file() else {}
-        tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED), **trained,
+        tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED), **saved_run_tags(),
                           "score.resolved.dropout": sc.dropout, "score.resolved.temperature": sc.tau,
                           "score.resolved.mc_samples": sc.T, "score.resolved.backbone": sc.backbone})
     # Last, so that only DVC's commit of these small outputs is left unguarded by the store.

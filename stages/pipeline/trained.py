@@ -55,24 +55,40 @@ def check_trained(cfg, manifest: dict) -> None:
     """Before score or evaluate read the trained run: params.yaml still says what prepared its data
     and what trained it."""
     from stages.pipeline.prepare import refuse_stale
-    from stages.runtime import paths
 
     refuse_stale(cfg, manifest)
+    record = saved_run()
+    if record is not None:
+        refuse_other_params(cfg, record)
+
+
+def saved_run() -> dict | None:
+    """artifacts/train/run.json (what the trained run was: its settings, params, machine), or None."""
+    from stages.runtime import paths
+
     run = paths.TRAIN / "run.json"
-    if run.is_file():
-        refuse_other_params(cfg, artifacts.read_json(run, "run `dvc repro train`, or restore it with "
-                                                          "`dvc checkout artifacts/train`"))
+    if not run.is_file():
+        return None
+    return artifacts.read_json(run, "run `dvc repro train`, or restore it with `dvc checkout artifacts/train`")
+
+
+def saved_run_tags() -> dict:
+    """The trained run's MLflow tags (run_settings.trained_tags), set again by a later stage's run."""
+    from stages.pipeline.run_settings import trained_tags
+
+    record = saved_run()
+    return trained_tags(record) if record is not None else {}
 
 
 def let_the_resume_store_go() -> None:
     """The score and evaluate stages' first step: the trained run is complete and, under DVC,
     committed (both depend on it), so the copy of its tasks kept for a killed `dvc exp run`
     (stages/runtime/resume.py) is no longer needed."""
-    from stages.runtime import paths, resume
+    from stages.runtime import resume
 
-    run = paths.TRAIN / "run.json"
-    if run.is_file():
-        resume.forget(artifacts.read_json(run).get("fingerprint", ""))
+    record = saved_run()
+    if record is not None:
+        resume.forget(record.get("fingerprint", ""))
 
 
 def build_method(s, manifest: dict, device, generator, init_generator=None):
