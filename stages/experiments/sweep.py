@@ -488,10 +488,6 @@ def existing(repo) -> set[str]:
     return names
 
 
-# Where the data lies on this machine: no part of a run's settings (its manifest leaves them out).
-MACHINE_LOCAL = ("data.root", "data.download", "data.shard_mb")
-
-
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(d, dict):
         return {prefix.rstrip("."): d}
@@ -506,6 +502,8 @@ def refuse_edited_params(params_file: Path) -> None:
     sweep goes on."""
     import subprocess
 
+    from stages.pipeline.prepare import NOT_CONTENT  # where the data lies: no part of a run's settings
+
     try:
         top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=params_file.parent, capture_output=True,
                              text=True, timeout=20)
@@ -519,7 +517,8 @@ def refuse_edited_params(params_file: Path) -> None:
     if head.returncode != 0:  # not committed yet: nothing to differ from
         return
     then, now = _flat(read_yaml(head.stdout) or {}), _flat(read_params(params_file) or {})
-    edited = sorted(k for k in then.keys() | now.keys() if k not in MACHINE_LOCAL and then.get(k) != now.get(k))
+    local = {f"data.{k}" for k in NOT_CONTENT}
+    edited = sorted(k for k in then.keys() | now.keys() if k not in local and then.get(k) != now.get(k))
     if edited:
         keys = ", ".join(edited[:4]) + (", ..." if len(edited) > 4 else "")
         raise UserError(f"{params_file} differs from the commit in {keys} (say, a quick run's -S values): every run "

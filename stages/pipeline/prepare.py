@@ -25,7 +25,7 @@ def count_tables(manifest: dict) -> tuple[list[dict], list[dict]]:
 
 # Data keys that do not change what is prepared: where the archive is, whether it may be fetched
 # (neither is in the manifest), how the parquet is cut.
-_NOT_CONTENT = ("root", "download", "shard_mb")
+NOT_CONTENT = ("root", "download", "shard_mb")
 
 
 def refuse_stale(cfg: Config, manifest: dict) -> None:
@@ -37,7 +37,7 @@ def refuse_stale(cfg: Config, manifest: dict) -> None:
     before = {k.removeprefix("data."): v for k, v in ADDED_LATER.items() if k.startswith("data.")}
     built, now = {**before, **(manifest.get("params") or {})}, cfg.to_dict()["data"]
     for key, value in now.items():
-        if key not in _NOT_CONTENT and key in built and built[key] != value:
+        if key not in NOT_CONTENT and key in built and built[key] != value:
             raise UserError(f"{paths.PREPARED} was built with data.{key} = {built[key]!r} but the params file says "
                             f"{value!r}; run `dvc repro` (or pbr prepare, then the stages after it)")
 
