@@ -152,3 +152,18 @@ def test_a_class_left_without_images_is_a_clear_error():
     ytr, yte = _labels(10, 100), _labels(10, 10, 1)
     with pytest.raises(UserError, match=r"leaves class 7 .* no training image .* ratio >= 0.01"):
         build_stream(ytr, yte, 10, "ordered", 0.001, 5, 0)
+
+
+@pytest.mark.parametrize("n_max", [498, 3, 4999])
+def test_the_ratio_the_error_suggests_keeps_every_class(n_max):
+    """1 / n_max printed to six digits is below 1 / n_max for these (1/498 -> 0.00200803, and
+    int(498 * 0.00200803) = 0): the suggestion must itself be a ratio that works."""
+    import re
+
+    ytr, yte = _labels(10, n_max), _labels(10, 2, 1)
+    with pytest.raises(UserError, match="ratio >=") as e:
+        build_stream(ytr, yte, 10, "ordered", 0.1 / n_max, 5, 0)
+    suggested = float(re.search(r"ratio >= (\S+)$", str(e.value)).group(1))
+    assert suggested * n_max < 1.01  # still close to the least ratio, three digits
+    s = build_stream(ytr, yte, 10, "ordered", suggested, 5, 0)
+    assert s.counts[-1] == 1

@@ -28,6 +28,18 @@ def class_order(n_classes: int, setting: str, seed: int) -> np.ndarray:
     raise ValueError(f"setting must be 'ordered' or 'shuffled', not {setting!r}")
 
 
+def _least_ratio(n_max: int) -> float:
+    """The smallest ratio of three significant digits that keeps an image of the last class (whose
+    count is int(n_max * IR)); 1 / n_max printed with %g can round below it."""
+    import math
+
+    scale = 10 ** (2 - math.floor(math.log10(1 / n_max)))
+    r = math.ceil(scale / n_max) / scale
+    while int(n_max * r) < 1:
+        r += 1 / scale
+    return r
+
+
 @dataclass
 class Stream:
     class_order: np.ndarray  # [C] original labels in the order that cuts tasks
@@ -56,7 +68,7 @@ def build_stream(
     "ldam", LDAM-DRW's and LT-CIL's own rule (the images their code trains on; `seed` then orders
     the classes only)."""
     available = np.bincount(train_labels, minlength=n_classes)
-    # n_max is the balanced per-class count (5000 on CIFAR-10); a short class caps it.
+    # n_max is the balanced per-class count (5000 on CIFAR-10); the sources refuse a short class.
     n_max = int(available.min())
     counts = class_counts(n_max, n_classes, imbalance_ratio)
     if counts.min() < 1:
@@ -64,7 +76,7 @@ def build_stream(
         name = f" ({class_names[c]!r})" if class_names else ""
         raise UserError(
             f"imbalance ratio {imbalance_ratio:g} leaves class {c}{name} with no training image "
-            f"(n_max = {n_max}); use a ratio >= {1 / n_max:g}"
+            f"(n_max = {n_max}); use a ratio >= {_least_ratio(n_max):g}"
         )
     if n_classes % n_tasks:
         raise UserError(f"{n_tasks} tasks do not divide {n_classes} classes")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import pickle
 import tarfile
 import zlib
@@ -159,6 +160,13 @@ def _check_every_class(ds: RawDataset) -> None:
         if empty.size:
             raise DataError(f"{ds.source}: the {split} split has no image of class(es) {empty[:5].tolist()}; "
                             f"the data is incomplete, replace it")
+        # Every source is balanced; one lost image would otherwise shrink n_max, and with it every
+        # class's long-tailed count, without a word.
+        short = np.flatnonzero(counts < counts.max())
+        if short.size:
+            c = int(short[0])
+            raise DataError(f"{ds.source}: class {c} has {counts[c]} {split} images where the others have up to "
+                            f"{counts.max()} ({short.size} class(es) short); the data is incomplete, replace it")
 
 
 # ---- TinyImageNet: tiny-imagenet-200/{wnids.txt, words.txt, train/<wnid>/images, val/}
@@ -191,7 +199,10 @@ class _TinyFiles:
         self.path = path
         if path.is_dir():
             self._zip = None
-            self.names = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()}
+            # os.walk, not rglob: Python 3.11's rglob does not enter a linked folder (train/ kept on
+            # another disk), and its images would read as missing.
+            self.names = {(Path(d) / f).relative_to(path).as_posix()
+                          for d, _, fs in os.walk(path, followlinks=True) for f in fs}
             self.prefix = ""
         else:
             try:

@@ -59,7 +59,8 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         raise UserError(f"data.imbalance_ratio / data.n_tasks: {e}") from None
     with artifacts.atomic_dir(paths.PREPARED) as tmp:
         # Content only: where the archive lay and whether it could be fetched are no part of the
-        # data, so one archive gives one data/prepared (one DVC hash, one manifest hash) on every machine.
+        # data, so one archive gives one data/prepared (one DVC hash, one manifest hash) on every machine
+        # with the same pyarrow (each parquet footer names its writer's version).
         content = {k: v for k, v in cfg.to_dict()["data"].items() if k not in ("root", "download")}
         manifest = write_prepared(tmp, raw, stream, content, d.shard_mb)
         faults.point("prepare:written")
