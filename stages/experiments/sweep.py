@@ -502,7 +502,7 @@ def refuse_edited_params(params_file: Path) -> None:
     sweep goes on."""
     import subprocess
 
-    from stages.pipeline.prepare import NOT_CONTENT  # where the data lies: no part of a run's settings
+    from stages.runtime.config import NOT_CONTENT  # where the data lies: no part of a run's settings
 
     try:
         top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=params_file.parent, capture_output=True,

@@ -23,25 +23,6 @@ def count_tables(manifest: dict) -> tuple[list[dict], list[dict]]:
     return per_class, per_task
 
 
-# Data keys that do not change what is prepared: where the archive is, whether it may be fetched
-# (neither is in the manifest), how the parquet is cut.
-NOT_CONTENT = ("root", "download", "shard_mb")
-
-
-def refuse_stale(cfg: Config, manifest: dict) -> None:
-    """The train, score and evaluate stages read data/prepared as it was built: params.yaml's data
-    section must still say what built it, else the run would be recorded under settings it did not
-    train on (one line naming the first key that differs)."""
-    from stages.runtime.config import ADDED_LATER
-
-    before = {k.removeprefix("data."): v for k, v in ADDED_LATER.items() if k.startswith("data.")}
-    built, now = {**before, **(manifest.get("params") or {})}, cfg.to_dict()["data"]
-    for key, value in now.items():
-        if key not in NOT_CONTENT and key in built and built[key] != value:
-            raise UserError(f"{paths.PREPARED} was built with data.{key} = {built[key]!r} but the params file says "
-                            f"{value!r}; run `dvc repro` (or pbr prepare, then the stages after it)")
-
-
 def run(cfg: Config, log=print, tracker=None) -> dict:
     from pbr.data.longtail import build_stream
     from pbr.data.shards import write_prepared

@@ -57,6 +57,24 @@ class DataConfig:
 # (the report reads old runs, an offline sweep old prepared data, with these).
 ADDED_LATER = {"data.subset": "seeded"}
 
+# Data keys that do not change what is prepared: where the archive is, whether it may be fetched
+# (neither is in the manifest), how the parquet is cut.
+NOT_CONTENT = ("root", "download", "shard_mb")
+
+
+def refuse_stale(cfg: Config, manifest: dict) -> None:
+    """The train, score and evaluate stages read data/prepared as it was built: params.yaml's data
+    section must still say what built it, else the run would be recorded under settings it did not
+    train on (one line naming the first key that differs)."""
+    from stages.runtime.paths import PREPARED
+
+    before = {k.removeprefix("data."): v for k, v in ADDED_LATER.items() if k.startswith("data.")}
+    built, now = {**before, **(manifest.get("params") or {})}, cfg.to_dict()["data"]
+    for key, value in now.items():
+        if key not in NOT_CONTENT and key in built and built[key] != value:
+            raise UserError(f"{PREPARED} was built with data.{key} = {built[key]!r} but the params file says "
+                            f"{value!r}; run `dvc repro` (or pbr prepare, then the stages after it)")
+
 
 def _non_negative(v) -> bool:
     return v >= 0

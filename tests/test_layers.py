@@ -1,0 +1,45 @@
+"""The layers import one way (docs/architecture.md): pbr/ knows nothing of the stages, MLflow or
+params.yaml; in stages/, runtime imports neither pipeline nor experiments, and those two never
+import each other. Read from the source (imports inside functions included), so a shortcut taken
+in a late edit fails here rather than in a reader's head."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] == "stages" and len(parts) > 1 and parts[1] in ("runtime", "pipeline", "experiments"):
+        return f"stages.{parts[1]}"
+    return parts[0] if parts[0] in ("stages", "pbr", "mlflow", "yaml", "dvc", "typer") else None
+
+
+FORBIDDEN = {
+    "pbr": {"stages", "stages.runtime", "stages.pipeline", "stages.experiments", "mlflow", "yaml", "dvc", "typer"},
+    "stages.runtime": {"stages.pipeline", "stages.experiments"},
+    "stages.pipeline": {"stages.experiments"},
+    "stages.experiments": {"stages.pipeline"},
+}
+
+
+def test_imports_run_one_way():
+    broken = []
+    for room, banned in FORBIDDEN.items():
+        folder = ROOT.joinpath(*room.split("."))
+        for f in sorted(folder.rglob("*.py")):
+            for m in sorted(_imports(f)):
+                if _room(m) in banned:
+                    broken.append(f"{f.relative_to(ROOT)} imports {m}")
+    assert not broken, "\n".join(broken)
