@@ -1,12 +1,13 @@
 """prepare on the real CIFAR-10 archive: seconds, peak memory, and task read throughput from the
 shards against unpickling the raw batches.
 
-    python benchmarks/bench_prepare.py [--root ../shared/datasets]
+    python benchmarks/bench_prepare.py [--root FOLDER]  (default: $PBR_DATA_DIR, else data/raw)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import pickle
 import subprocess
 import sys
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--root", default=str(ROOT.parent / "shared" / "datasets"))
+    ap.add_argument("--root", default=os.environ.get("PBR_DATA_DIR") or str(ROOT / "data" / "raw"))
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     archive = Path(a.root) / "cifar-10-python.tar.gz"

@@ -10,9 +10,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# The real CIFAR-10 archive for the real-data tests: $PBR_DATA_DIR, else a datasets folder beside
-# the checkout (where the development machines keep it); the tests skip when it is absent.
-REAL_CIFAR10 = Path(os.environ.get("PBR_DATA_DIR") or ROOT.parent / "shared" / "datasets") / "cifar-10-python.tar.gz"
+# The real CIFAR-10 archive for the real-data tests: $PBR_DATA_DIR, else the project's data/raw
+# (where `dvc repro` downloads it); the tests skip when it is absent.
+REAL_CIFAR10 = Path(os.environ.get("PBR_DATA_DIR") or ROOT / "data" / "raw") / "cifar-10-python.tar.gz"
 sys.path.insert(0, str(Path(__file__).parent))  # tests/fakedata.py
 
 real_cifar10 = pytest.mark.skipif(

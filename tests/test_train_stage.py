@@ -281,6 +281,10 @@ def test_every_library_module_training_loads_is_in_the_fingerprint_or_shapes_no_
     assert loaded - hashed - shapes_no_weights == set()
     score = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["score"]["deps"]
     assert {"pbr/data/augment.py", "pbr/data/facts.py", "pbr/data/shards.py"} <= set(score)
+    # The stages that draw PNGs depend on the module that draws them (the score stage's went stale).
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    for name in ("score", "evaluate"):
+        assert "stages/runtime/plots.py" in stages[name]["deps"], name
 
 
 def test_a_diverged_training_stops_with_one_line_and_keeps_nothing_half_written(workdir, prepared):
