@@ -337,6 +337,59 @@ def test_a_damaged_saved_file_is_one_line_naming_it(tmp_path, trained, pbr, stag
     assert not _leftovers(repo)
 
 
+def test_a_damaged_model_leaves_the_last_evaluation_whole(tmp_path, trained):
+    """evaluate wrote the matrices and the accuracy curve, then read the models: a damaged one left
+    reports/eval half new, half the last run's."""
+    from pbr.errors import UserError
+    from stages.pipeline import evaluate
+
+    repo = _run_stage_in(_copy_trained(trained, tmp_path / "repo"), evaluate)
+    before = {p: p.read_bytes() for p in (repo / "reports").rglob("*") if p.is_file()}
+    for p in before:
+        p.write_bytes(b"the last evaluation's " + p.name.encode())  # whatever is rewritten shows
+    path = repo / "artifacts/train/task_03/model.pt"
+    path.write_bytes(b"\xdd" * 64)
+    with pytest.raises(UserError, match="task_03/model.pt cannot be read"):
+        _run_stage_in(repo, evaluate)
+    assert all(p.read_bytes() == b"the last evaluation's " + p.name.encode() for p in before)
+
+
+@pytest.mark.parametrize("stage", ["score", "evaluate"])
+def test_a_run_trained_on_other_prepared_data_is_refused(tmp_path, raw, trained, stage):
+    """params.yaml edited and data/prepared rebuilt (`pbr prepare`, `dvc repro -s prepare`), then
+    score or evaluate alone: the models trained on the old stream were scored on the new one and
+    recorded as a complete run of the new settings (both data checks passed: params match the new
+    data, and run.json keeps no data key)."""
+    import importlib
+    import json
+
+    import yaml
+
+    from pbr.errors import UserError
+    from stages.pipeline import prepare
+
+    module = importlib.import_module(f"stages.pipeline.{stage}")
+    repo = _copy_trained(trained, tmp_path / "repo")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["data"].update(imbalance_ratio=0.5, root=str(raw))
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    _run_stage_in(repo, prepare)
+    with pytest.raises(UserError, match=r"^artifacts/train was trained on other prepared data than data/prepared "
+                                        r"holds now; run `dvc repro`"):
+        _run_stage_in(repo, module)
+    assert not (repo / "reports/metrics.json").exists() and not (repo / "artifacts/score").exists()
+    # A run.json from before it kept the manifest's hash: checked on the number of tasks.
+    run = repo / "artifacts/train/run.json"
+    record = json.loads(run.read_text())
+    del record["data_manifest"]
+    run.write_text(json.dumps(record))
+    params["data"]["n_tasks"] = 2
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    _run_stage_in(repo, prepare)
+    with pytest.raises(UserError, match="trained on other prepared data"):
+        _run_stage_in(repo, module)
+
+
 def test_the_fix_for_a_damaged_task_works_while_a_resume_store_holds_it(tmp_path, trained, pbr, monkeypatch):
     """After a killed run the resume store links its finished tasks (stages/runtime/resume.py): a file
     damaged in place is damaged there too, and deleting the task folder, as the error says, must not
@@ -463,7 +516,7 @@ def test_one_archive_prepares_the_same_bytes_wherever_and_however_it_lies(tmp_pa
 def test_a_manifest_from_before_a_data_key_reads_as_its_old_default():
     """data.subset came later: data prepared before it was the seeded subset, and a run asking for
     another subset on it was let through."""
-    from stages.pipeline.prepare import refuse_stale
+    from stages.runtime.config import refuse_stale
     from pbr.errors import UserError
 
     cfg = from_dict({"data": {"subset": "ldam", "imbalance_ratio": 0.1}})

@@ -133,3 +133,36 @@ def test_cuda_score_images_from_host_images():
     assert torch.equal(mi, mi2)
     with pytest.raises(ValueError):
         score_images(net, images, 4, 0.1, 4, lambda x: x.float(), _gen(1))
+
+
+def test_the_score_stage_summaries_by_hand(tmp_path, monkeypatch):
+    """The forgotten rate is taken among the samples learned right after their task, per class as
+    overall (per class it was over every sample, which reads a tail class never learned as never
+    forgotten); an empty group's MI or rate is NaN, not 0 (a made-up "certain")."""
+    import csv
+
+    import numpy as np
+
+    from stages.pipeline import score
+
+    monkeypatch.chdir(tmp_path)
+    t, f = True, False
+    data = {"split": np.array(["train"] * 6 + ["test"]), "label": np.array([0, 0, 0, 0, 1, 1, 0]),
+            "task": np.array([0, 0, 0, 0, 0, 0, 0]), "mi": np.array([0.4, 0.1, 0.3, 0.9, 0.2, 0.6, 5.0]),
+            "entropy": np.zeros(7), "correct_own": np.array([t, t, t, f, f, f, t]),
+            "forgotten": np.array([t, f, f, f, f, f, t])}
+    manifest = {"train_counts": [4, 2], "class_order": [0, 1], "class_names": ["a", "b"]}
+    s = score._summaries(data, manifest, None)
+    # class 0: three learned, one of them forgotten; class 1: none learned
+    rows = list(csv.DictReader((tmp_path / "reports/score/by_class.csv").open()))
+    assert float(rows[0]["forgotten_rate"]) == pytest.approx(1 / 3) and math.isnan(float(rows[1]["forgotten_rate"]))
+    assert float(rows[0]["mean_mi"]) == pytest.approx((0.4 + 0.1 + 0.3 + 0.9) / 4)
+    assert s["score.forgotten_rate"] == pytest.approx(1 / 3)
+    assert s["score.mi_forgotten"] == pytest.approx(0.4) and s["score.mi_kept"] == pytest.approx(0.2)
+    assert s["score.mean_mi"] == pytest.approx(2.5 / 6)  # the test sample's 5.0 is no training sample
+    data["forgotten"][:] = False
+    s = score._summaries(data, manifest, None)
+    assert math.isnan(s["score.mi_forgotten"]) and s["score.forgotten_rate"] == 0
+    data["correct_own"][:] = False
+    s = score._summaries(data, manifest, None)
+    assert math.isnan(s["score.forgotten_rate"]) and math.isnan(s["score.mi_kept"])

@@ -73,23 +73,29 @@ def run(cfg, log=print, tracker=None) -> dict:
     n_tasks, n_classes = manifest["n_tasks"], manifest["n_classes"]
     minority = minority_tasks(manifest["task_train_counts"])
     out = paths.EVAL
+    # Every task's model and buffer read before the first file is written: a damaged one stops the
+    # stage with reports/eval as it was, not half of it new.
+    norms = [_head_norms(paths.TRAIN / f"task_{k:02d}" / "model.pt", manifest) for k in range(n_tasks)]
+    tasks = [paths.TRAIN / f"task_{k:02d}" for k in range(n_tasks)]
+    buffered = keeps_buffer(tasks)
+    hist = [_buffer_hist(t / "buffer.parquet", n_classes, buffered) for t in tasks]
 
+    from pbr.methods import METHODS
+
+    # A method with no Class-IL prediction (PNN: one column per task, asked with the task's id) has
+    # no Class-IL metrics: its matrix (the newest column's answers) stays in the CSV, the paper's "-".
+    modes = ("class_il", "task_il") if METHODS[summary["settings"]["method"]].class_il else ("task_il",)
     result = {"method": summary["settings"]["method"], "n_tasks": n_tasks, "minority_tasks": minority}
     for scen in ("class_il", "task_il"):
         m = summary[scen]["matrix"]
-        result[scen] = scenario_metrics(m, minority)
-        result[scen]["final_per_task"] = m[-1]
+        if scen in modes:
+            result[scen] = {**scenario_metrics(m, minority), "final_per_task": m[-1]}
         rows = [{"after_task": j, **{f"task_{i}": round(v, 4) for i, v in enumerate(r)}} for j, r in enumerate(m)]
         artifacts.write_csv(out / f"{scen}_matrix.csv", rows)
     curve = [{"after_task": j,
               "class_il": round(sum(summary["class_il"]["matrix"][j][: j + 1]) / (j + 1), 4),
               "task_il": round(sum(summary["task_il"]["matrix"][j][: j + 1]) / (j + 1), 4)} for j in range(n_tasks)]
     artifacts.write_csv(out / "accuracy_curve.csv", curve)
-
-    norms = [_head_norms(paths.TRAIN / f"task_{k:02d}" / "model.pt", manifest) for k in range(n_tasks)]
-    tasks = [paths.TRAIN / f"task_{k:02d}" for k in range(n_tasks)]
-    buffered = keeps_buffer(tasks)
-    hist = [_buffer_hist(t / "buffer.parquet", n_classes, buffered) for t in tasks]
     artifacts.write_csv(out / "weight_norms.csv", [
         {"after_task": k, "class": c, "norm": round(v, 6)} for k in range(n_tasks) for c, v in enumerate(norms[k])])
     artifacts.write_csv(out / "weight_norms_final.csv", [
@@ -107,24 +113,22 @@ def run(cfg, log=print, tracker=None) -> dict:
     plots.bars_by_task(hist, "samples in buffer", "Buffer class histogram after each task",
                        out / "buffer_histogram.png")
 
-    metrics_json = {s: {k: round(v, 4) for k, v in result[s].items() if k != "final_per_task"}
-                    for s in ("class_il", "task_il")}
-    metrics_json["class_il"]["final_per_task"] = [round(v, 4) for v in result["class_il"]["final_per_task"]]
-    metrics_json["task_il"]["final_per_task"] = [round(v, 4) for v in result["task_il"]["final_per_task"]]
+    metrics_json = {s: {k: [round(x, 4) for x in v] if k == "final_per_task" else round(v, 4)
+                        for k, v in result[s].items()} for s in modes}
     artifacts.write_text(paths.METRICS, json.dumps(metrics_json, indent=1))
 
     if tracker is not None:
-        flat = {f"{s}.{k}": v for s in ("class_il", "task_il") for k, v in result[s].items() if k != "final_per_task"}
+        flat = {f"{s}.{k}": v for s in modes for k, v in result[s].items() if k != "final_per_task"}
         tracker.log_metrics(flat)
-        tracker.log_series([(t, {"class_il.final_task_acc": result["class_il"]["final_per_task"][t],
-                                 "task_il.final_task_acc": result["task_il"]["final_per_task"][t]})
+        tracker.log_series([(t, {f"{s}.final_task_acc": result[s]["final_per_task"][t] for s in modes})
                             for t in range(n_tasks)])
         tracker.log_artifact(paths.METRICS, "evaluate")
         for f in sorted(out.iterdir()):
             if f.suffix in (".csv", ".png"):
                 tracker.log_artifact(f, "evaluate")
         tracker.set_tags({**saved_run_tags(), **dvc_lock_hashes(), "pbr.complete": "true"})
-    log(f"Class-IL ACC {result['class_il']['acc']:.2f} BWT {result['class_il']['bwt']:.2f} "
-        f"forgetting {result['class_il']['forgetting']:.2f} minority {result['class_il']['minority_acc']:.2f} | "
-        f"Task-IL ACC {result['task_il']['acc']:.2f} BWT {result['task_il']['bwt']:.2f}")
+    c = result.get("class_il")
+    log((f"Class-IL ACC {c['acc']:.2f} BWT {c['bwt']:.2f} forgetting {c['forgetting']:.2f} minority "
+         f"{c['minority_acc']:.2f}" if c else "Class-IL - (no Class-IL prediction)") +
+        f" | Task-IL ACC {result['task_il']['acc']:.2f} BWT {result['task_il']['bwt']:.2f}")
     return result

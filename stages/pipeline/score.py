@@ -222,16 +222,21 @@ def _summaries(data: dict, manifest: dict, tracker) -> dict:
 
     counts = manifest["train_counts"]
     train = data["split"] == "train"
+    learned = train & data["correct_own"]
+    nan = float("nan")
+
+    def rate(flags):  # forgotten among the learned (right after their task); NaN where none was
+        return float(flags.mean()) if flags.size else nan
+
     by_class = []
     for pos, c in enumerate(manifest["class_order"]):
         m = train & (data["label"] == c)
         by_class.append({"position": pos, "label": c, "class": manifest["class_names"][c],
                          "task": int(data["task"][m][0]) if m.any() else -1, "count": counts[c],
                          "mean_mi": float(data["mi"][m].mean()), "mean_entropy": float(data["entropy"][m].mean()),
-                         "forgotten_rate": float(data["forgotten"][m].mean())})
+                         "forgotten_rate": rate(data["forgotten"][m & learned])})
     out = paths.SCORE_REPORTS
     artifacts.write_csv(out / "by_class.csv", by_class)
-    learned = train & data["correct_own"]
     # A method without an MC-dropout score has NaN MI: its histograms are empty.
     scored = ~np.isnan(data["mi"])
     forgotten = data["mi"][learned & data["forgotten"] & scored]
@@ -248,9 +253,9 @@ def _summaries(data: dict, manifest: dict, tracker) -> dict:
     plots.histograms({"forgotten": forgotten.tolist(), "kept": kept.tolist()}, "MI (own-task model)",
                      "Forgotten vs kept training samples", out / "forgotten_vs_kept.png")
     summary = {"score.mean_mi": float(data["mi"][train].mean()),
-               "score.forgotten_rate": float(data["forgotten"][learned].mean()) if learned.any() else 0.0,
-               "score.mi_forgotten": float(forgotten.mean()) if forgotten.size else 0.0,
-               "score.mi_kept": float(kept.mean()) if kept.size else 0.0}
+               "score.forgotten_rate": rate(data["forgotten"][learned]),
+               "score.mi_forgotten": float(forgotten.mean()) if forgotten.size else nan,
+               "score.mi_kept": float(kept.mean()) if kept.size else nan}
     if tracker is not None:
         tracker.log_metrics(summary)
         for f in sorted(out.iterdir()):

@@ -182,7 +182,7 @@ class _TaskRecorder:
 
 def _refuse(cfg: Config, manifest: dict, s: RunSettings, device) -> None:
     """Settings that cannot train on this prepared data or device: one line, before anything is written."""
-    from stages.pipeline.prepare import refuse_stale
+    from stages.runtime.config import refuse_stale
 
     if manifest["n_tasks"] != cfg.data.n_tasks:
         raise UserError(f"{paths.PREPARED} holds {manifest['n_tasks']} tasks but data.n_tasks = {cfg.data.n_tasks}; "
@@ -226,13 +226,14 @@ def _record_run(out: Path, fp: str, s: RunSettings, device, n_threads: int, n_ta
     """run.json and the MLflow tags: the resolved settings, where each came from, the machine."""
     # threads and GPU sharing are recorded, not fingerprinted: a run resumed with other threads goes
     # on (results may differ in the last digits, as any change of thread count does on a CPU).
+    from pbr.data.shards import manifest_hash
+
+    data = manifest_hash(paths.PREPARED)
     record = {"fingerprint": fp, "settings": s.values, "sources": s.sources, "device": str(device),
               "gpu_sharing": mps.sharing(device), "threads": n_threads, "n_tasks": n_tasks,
-              "params": trained_params(cfg), "code_sha256": code_hash()}
+              "params": trained_params(cfg), "code_sha256": code_hash(), "data_manifest": data}
     if tracker is not None:
-        from pbr.data.shards import manifest_hash
-
-        tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED), **trained_tags(record)})
+        tracker.set_tags({"pbr.data_manifest": data, **trained_tags(record)})
     artifacts.write_text(out / "run.json", json.dumps(record, indent=1))
     resume.keep(out, "run.json", fp)
 

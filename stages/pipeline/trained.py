@@ -54,12 +54,29 @@ def refuse_other_params(cfg, record: dict) -> None:
 def check_trained(cfg, manifest: dict) -> None:
     """Before score or evaluate read the trained run: params.yaml still says what prepared its data
     and what trained it."""
-    from stages.pipeline.prepare import refuse_stale
+    from stages.runtime.config import refuse_stale
 
     refuse_stale(cfg, manifest)
     record = saved_run()
     if record is not None:
         refuse_other_params(cfg, record)
+        refuse_other_data(record, manifest)
+
+
+def refuse_other_data(record: dict, manifest: dict) -> None:
+    """The trained run was trained on the data/prepared there now: prepared again with other data
+    settings (and `pbr score` run by hand, or `dvc repro -s score`), its models would be scored and
+    evaluated on another stream and recorded as a complete run of today's settings. A run.json
+    written before it kept the manifest's hash is checked on its number of tasks."""
+    from pbr.data.shards import manifest_hash
+    from pbr.errors import UserError
+    from stages.runtime import paths
+
+    then = record.get("data_manifest")
+    other = (then != manifest_hash(paths.PREPARED)) if then is not None else record.get("n_tasks") != manifest["n_tasks"]
+    if other:
+        raise UserError(f"{paths.TRAIN} was trained on other prepared data than {paths.PREPARED} holds now; "
+                        f"run `dvc repro` (or pbr train, then the stages after it)")
 
 
 def saved_run() -> dict | None:
