@@ -256,6 +256,9 @@ def train_laned(methods: Sequence[ContinualMethod], run: Callable[[int, Continua
         return [loss.detach() for loss in losses]
 
     errors: list[BaseException] = []
+    # Each lane says itself when it is done: Thread.is_alive() is no witness after a join that a
+    # signal cut short (CPython 3.11 then reads a running thread as ended).
+    done = [threading.Event() for _ in methods]
 
     def lane(i: int, m: ContinualMethod) -> None:
         try:
@@ -267,21 +270,25 @@ def train_laned(methods: Sequence[ContinualMethod], run: Callable[[int, Continua
             meeting.abort(e)
         finally:
             meeting.leave(i)
+            done[i].set()
 
     for i, m in enumerate(methods):
         m.net = LaneView(lanes, i, meeting, copy.deepcopy(singles[i]), version)
         m.step = lambda loss, i=i: meeting.meet(i, loss, one_step)
     threads = [threading.Thread(target=lane, args=(i, m), name=f"lane-{i}") for i, m in enumerate(methods)]
+    started: list[threading.Thread] = []
     try:
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+            started.append(t)
+        for d in done:
+            d.wait()
     finally:
-        if any(t.is_alive() for t in threads):  # interrupted while joining (Ctrl-C, a signal)
+        if not all(d.is_set() for d in done):  # interrupted while waiting (Ctrl-C, a signal), or a lane not started
             meeting.abort(RuntimeError("the laned training was interrupted"))
-            for t in threads:
-                t.join()
+        for i, t in enumerate(started):
+            done[i].wait()
+            t.join()
         for i, (m, single) in enumerate(zip(methods, singles)):
             single.load_state_dict(lanes.lane_state_dict(i))
             m.net = single
