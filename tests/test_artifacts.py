@@ -52,3 +52,26 @@ def test_read_names_a_missing_or_damaged_file_and_leaves_the_machines_errors_alo
         path.chmod(0)
         with pytest.raises(PermissionError):
             artifacts.read(path, lambda p: p.read_text())
+
+
+def test_a_write_that_fails_midway_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    """A full disk while a file is rewritten: the old file stays as it was, and nothing else is left
+    (a write straight to the file, which the other tests here cannot tell apart, leaves it half new)."""
+    import errno
+
+    path, folder = tmp_path / "metrics.json", tmp_path / "eval"
+    artifacts.write_text(path, "old")
+    with artifacts.atomic_dir(folder) as tmp:
+        (tmp / "a.csv").write_text("old")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        artifacts.write_text(path, "new")
+    assert path.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["eval", "metrics.json"]
+    with pytest.raises(OSError, match="No space left"):
+        with artifacts.atomic_dir(folder) as tmp:
+            (tmp / "a.csv").write_text("new")
+    assert (folder / "a.csv").read_text() == "old" and sorted(os.listdir(tmp_path)) == ["eval", "metrics.json"]

@@ -140,6 +140,28 @@ def test_kl_over_old_or_all_seen_classes():
             assert (grad[0, 2:] > 0).all()  # gradient descent pushes them down on buffer samples
 
 
+def test_kl_at_tau2_is_the_batch_mean_of_each_rows_divergence():
+    """tau2 = 2, two buffer rows, reading `old` (classes 0, 1): teacher [1, 0 | 0, 0] and
+    [0, 2 | 0, 0], student [0, 0 | 1, 1] and [1, 0 | 1, 1]. By hand: row 1 KL(softmax[.5, 0] ||
+    [.5, .5]), row 2 KL(softmax[0, 1] || softmax[.5, 0]), their mean 0.1438515 (the loss divided
+    by tau2 inside both softmaxes; a sum over rows would double it)."""
+    def sm(v):
+        z = [math.exp(a) for a in v]
+        return [a / sum(z) for a in z]
+
+    def kl(p, q):
+        return sum(a * math.log(a / b) for a, b in zip(p, q))
+
+    want = (kl(sm([0.5, 0]), [0.5, 0.5]) + kl(sm([0, 1]), sm([0.5, 0]))) / 2
+    assert abs(want - 0.1438515) < 1e-6
+    method, _ = _setup("pbr", kl_classes="old", tau2=2.0)
+    method.task = 1
+    method.teacher = _Fixed(torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0]]))
+    student = torch.tensor([[0.0, 0.0, 1.0, 1.0], [1.0, 0.0, 1.0, 1.0]])
+    loss = method._distill(torch.zeros(2, 3, 32, 32), student, torch.tensor([0, 1]))
+    assert math.isclose(loss.item(), want, rel_tol=1e-5)
+
+
 def test_kl_over_the_heads_every_class():
     """Task 1 of 3 (classes 0, 1 old; 2, 3 new; 4, 5 later), tau2 = 1. Teacher logits [1, 0, 0, 0, 0, 0],
     student [0, 0, 1, 1, 0, 0]: the later classes take their share of both softmaxes."""
@@ -596,3 +618,36 @@ def test_the_score_stage_scores_at_the_walks_temperature(head, mi_logits):
     walk = cls(net, ctx, opts).mi_temperature()
     assert walk == pytest.approx(1.0 if head == "cosine" and mi_logits == "cosine" else 0.1)
     assert cls.score_temperature({**vars(opts), "head": head, "scale": 10.0}) == pytest.approx(walk)
+
+
+def test_pbrs_step_loss_by_hand():
+    """Task 1 of 2 with a replay batch: CE over the stream and replay samples together at tau1, plus
+    alpha x the KL at tau2 on the replay rows, plus beta x the sum (not of squares) of the old
+    prototypes' shifts. The shifts are set to norms 0.5 and 0.25 (sum 0.75; squares would give
+    0.3125); the other terms from the network's own logits with the rules written out here."""
+    import torch.nn.functional as F
+
+    method, _ = _setup("pbr", tau1=0.5, tau2=2.0, alpha=0.7, beta=3.0, kl_classes="old", replay_ce=True)
+    method.task = 1
+    net = method.net.eval()  # no dropout: the hand computation sees the same logits
+    g = torch.Generator().manual_seed(5)
+    x, bx = torch.randn(3, 3, 32, 32, generator=g), torch.randn(2, 3, 32, 32, generator=g)
+    y, by = torch.tensor([2, 3, 2]), torch.tensor([0, 1])
+    teacher = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0]])
+    method.teacher = _Fixed(teacher)
+    shift = torch.zeros_like(net.prototypes())
+    shift[0, 0], shift[1, 1] = 0.5, 0.25
+    method.old_prototypes = net.prototypes().detach() + shift
+    method.has_replay = lambda: True
+    method.replay = lambda: (bx, by, None)
+    method.step = lambda loss: loss
+    method.offer = lambda raw, labels: None
+    loss = method.observe(x, y, None)
+
+    with torch.no_grad():
+        logits = net(torch.cat([x, bx]))
+    ce = F.cross_entropy(logits / 0.5, torch.cat([y, by]))
+    t_p = F.softmax(teacher[:, :2] / 2.0, 1)
+    kl = (t_p * (t_p.log() - F.log_softmax(logits[3:, :2] / 2.0, 1))).sum(1).mean()
+    want = ce + 0.7 * kl + 3.0 * 0.75
+    assert math.isclose(loss.item(), want.item(), rel_tol=1e-5)
