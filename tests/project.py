@@ -102,8 +102,10 @@ def finished_project(tmp: Path) -> Path:
 
 
 # MLflow 3's server also starts a job runner and four huey consumers (GenAI jobs, which nothing here
-# uses): eight more processes, ~18 CPU s at start-up and polling after, on CI's two cores.
-NO_SERVER_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+# uses): eight more processes, ~18 CPU s at start-up and polling after, on CI's two cores. And one
+# worker, not four, for one test's requests (`pbr ui` starts `mlflow ui` at its default, which reads
+# MLFLOW_WORKERS): 7 processes and 22 CPU s at start against 2 and about 9.
+NO_SERVER_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_WORKERS": "1"}
 
 
 def assert_links_this_execution(tags: dict, repo: Path) -> None:

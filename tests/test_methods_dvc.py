@@ -34,7 +34,7 @@ def _exp_run(repo, name, kill_at=None):
 ACROSS_PROCESSES = ["icarl", "pnn"]
 
 
-def _uninterrupted(finished, where, name, monkeypatch):
+def _uninterrupted(finished, where, name, monkeypatch, **params):
     """The train stage's output of an uninterrupted run of `name` on the finished project's data."""
     import shutil
 
@@ -43,7 +43,7 @@ def _uninterrupted(finished, where, name, monkeypatch):
 
     ref = copy_project(finished, where)
     shutil.rmtree(ref / "artifacts/train")
-    set_params(ref, method__name=name)
+    set_params(ref, method__name=name, **params)
     monkeypatch.chdir(ref)
     train.run(load_config(ref / "params.yaml"), log=lambda *_: None)
     return tree_bytes(ref / "artifacts/train")
@@ -95,23 +95,25 @@ def test_er_runs_through_dvc_exp_run_and_resumes_after_sigkill(tmp_path, finishe
 
 
 @pytest.mark.parametrize("name", ACROSS_PROCESSES)
-def test_method_state_crosses_processes_after_sigkill_and_scores(tmp_path, finished, name, monkeypatch, records_to_files):
+def test_method_state_crosses_processes_after_sigkill_and_scores(tmp_path, finished, name, monkeypatch, records_to_files,
+                                                                  pbr_main):
     import shutil
 
     from stages.pipeline import evaluate, score
     from stages.runtime.config import load_config
 
     repo = copy_project(finished, tmp_path / "repo")
-    set_params(repo, method__name=name)
+    set_params(repo, method__name=name, train__epochs=1)  # the kill lands between tasks: one epoch will do
     shutil.rmtree(repo / "artifacts/train")
-    pbr_train = [str(BIN / "pbr"), "train"]
-    r = subprocess.run(pbr_train, cwd=repo, env={**env(), "PBR_KILL_AT": "train:after_task2"}, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run([str(BIN / "pbr"), "train"], cwd=repo, env={**env(), "PBR_KILL_AT": "train:after_task2"},
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == -9, r.stderr[-2000:]
     assert sorted(p.name for p in (repo / "artifacts/train").glob("task_*")) == ["task_00", "task_01", "task_02"]
-    r = subprocess.run(pbr_train, cwd=repo, env=env(), capture_output=True, text=True, timeout=600)
+    # The state crossed processes with the kill; the resume runs the CLI's main in this process.
+    r = pbr_main("train", cwd=repo)
     assert r.returncode == 0 and "resuming after task 3 of 5" in r.stdout + r.stderr, r.stderr[-2000:]
-    assert tree_bytes(repo / "artifacts/train") == _uninterrupted(finished, tmp_path / "ref", name, monkeypatch)
+    assert tree_bytes(repo / "artifacts/train") == _uninterrupted(finished, tmp_path / "ref", name, monkeypatch,
+                                                                  train__epochs=1)
 
     monkeypatch.chdir(repo)
     cfg = load_config(repo / "params.yaml")
