@@ -321,11 +321,10 @@ def test_a_python_in_a_folder_with_a_space_runs_the_stages(tmp_path, monkeypatch
 
 
 def test_a_moved_folders_runs_write_their_artifacts_where_it_is_now(tmp_path):
-    """MLflow records artifact folders as absolute paths: after the offline folder moved, a resumed run
-    must not write into (or recreate) the old place, or `pbr import` of the new one would miss them."""
-    from mlflow import MlflowClient
-
-    from stages.experiments import offline
+    """MLflow records artifact folders as absolute paths: after the offline folder (or a checkout, with
+    its mlflow.db) moved, a resumed run, and a new one, wrote into (or made again) the old place, and
+    the runs' artifacts were not found in the new one. Any stage opening the store fixes the paths."""
+    from stages.runtime import tracking
 
     # The run starts in another process (MLflow caches a run's artifact folder in the process that used it).
     (tmp_path / "a.txt").write_text("before the move")
@@ -338,8 +337,8 @@ def test_a_moved_folders_runs_write_their_artifacts_where_it_is_now(tmp_path):
     assert started.returncode == 0, started.stderr[-2000:]
     exp_id, run_id = started.stdout.split()
     shutil.move(tmp_path / "old", tmp_path / "new")
-    offline._follow_move(tmp_path / "new/mlflow.db")
-    client = MlflowClient(f"sqlite:///{tmp_path / 'new/mlflow.db'}")
+    client, again = tracking.open_experiment(f"sqlite:///{tmp_path / 'new/mlflow.db'}", "pbr")
+    assert again == exp_id
     here = (tmp_path / "new/mlartifacts").as_uri()
     assert client.get_experiment(exp_id).artifact_location == here
     uri = client.get_run(run_id).info.artifact_uri
@@ -347,4 +346,6 @@ def test_a_moved_folders_runs_write_their_artifacts_where_it_is_now(tmp_path):
     (tmp_path / "b.txt").write_text("after the move")
     client.log_artifact(run_id, str(tmp_path / "b.txt"))
     assert sorted(a.path for a in client.list_artifacts(run_id)) == ["a.txt", "b.txt"]
+    other = client.create_run(exp_id).info.run_id
+    assert client.get_run(other).info.artifact_uri.startswith(f"{here}/")
     assert not (tmp_path / "old").exists()

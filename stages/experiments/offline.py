@@ -310,24 +310,6 @@ def run_all(runs: list, out: Path, params_file: Path, jobs: int = 1,
         return _run_all(runs, out, params_file, jobs, log, record)
 
 
-def _follow_move(db: Path) -> None:
-    """MLflow keeps a run's artifact folder as an absolute path: in a folder moved (or copied) since its
-    runs started, a resumed run would write its artifacts to the old place. The experiments' and runs'
-    paths into the old `mlartifacts/` are made to name this folder's."""
-    import sqlite3
-
-    here = (db.parent / "mlartifacts").as_uri()
-    try:
-        with contextlib.closing(sqlite3.connect(db)) as c, c:
-            for (old,) in c.execute("SELECT artifact_location FROM experiments").fetchall():
-                if old and old.startswith("file:") and old.endswith("/mlartifacts") and old != here:
-                    c.execute("UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) "
-                              "WHERE substr(artifact_uri, 1, ?) = ?", (here, len(old) + 1, len(old) + 1, old + "/"))
-                    c.execute("UPDATE experiments SET artifact_location = ? WHERE artifact_location = ?", (here, old))
-    except sqlite3.Error:  # no tables yet (a first call killed early), or damaged: opening the store says so
-        pass
-
-
 def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[[str], None],
              record: str) -> tuple[int, int, list[str]]:
     from stages.runtime import journal
@@ -340,9 +322,8 @@ def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[
     if store.startswith(journal.SCHEME):
         log(f"recording to plain files in {records}; on a machine with MLflow, `pbr import {out}` copies the "
             "runs into its store")
-    if (out / "mlflow.db").is_file():
-        _follow_move(out / "mlflow.db")
-    # The store and its artifact folder are made once, from `out`, before parallel runs open it.
+    # The store and its artifact folder are made once, from `out`, before parallel runs open it (and
+    # follow a move of the folder: tracking.follow_move).
     made = subprocess.run([sys.executable, "-c", _INIT_STORE], cwd=out, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
     if made.returncode != 0:

@@ -238,6 +238,27 @@ def existing_experiment_id(uri: str, name: str) -> str:
     return exp.experiment_id
 
 
+def follow_move(db: Path) -> None:
+    """MLflow keeps an experiment's and a run's artifact folder as absolute paths: in a checkout (or an
+    offline sweep's folder) moved or copied since its runs started, new artifacts would go to the old
+    place (into another checkout's store, or a folder made again where the old one was), and the
+    runs' old ones would not be found. The paths into the old `mlartifacts/` beside the store are
+    made to name this one's."""
+    import contextlib
+    import sqlite3
+
+    here = (db.resolve().parent / "mlartifacts").as_uri()
+    try:
+        with contextlib.closing(sqlite3.connect(db)) as c, c:
+            for (old,) in c.execute("SELECT artifact_location FROM experiments").fetchall():
+                if old and old.startswith("file:") and old.endswith("/mlartifacts") and old != here:
+                    c.execute("UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) "
+                              "WHERE substr(artifact_uri, 1, ?) = ?", (here, len(old) + 1, len(old) + 1, old + "/"))
+                    c.execute("UPDATE experiments SET artifact_location = ? WHERE artifact_location = ?", (here, old))
+    except sqlite3.Error:  # no tables yet (a first call killed early), or damaged: opening the store says so
+        pass
+
+
 def open_experiment(uri: str, name: str):
     """(client, experiment id) of experiment `name` in the store at `uri`, created if missing; a sqlite
     store keeps its artifacts beside it (`mlartifacts/`), so the store's folder is self-contained."""
@@ -249,6 +270,9 @@ def open_experiment(uri: str, name: str):
 
     refuse_journal(uri)
     with _creation_lock(uri):
+        db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
+        if db is not None and db.is_file():
+            follow_move(db)
         try:
             client = MlflowClient(tracking_uri=uri)
             exp = client.get_experiment_by_name(name)
@@ -256,8 +280,7 @@ def open_experiment(uri: str, name: str):
             raise UserError(store_error(uri, e, "check MLFLOW_TRACKING_URI or remove a corrupt mlflow.db")) from None
         if exp is None:
             artifacts = None
-            if uri.startswith("sqlite:///"):
-                db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+            if db is not None:
                 folder = db.resolve().parent / "mlartifacts"
                 folder.mkdir(parents=True, exist_ok=True)  # there from the start: `pbr import` looks for it
                 artifacts = folder.as_uri()
