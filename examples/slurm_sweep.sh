@@ -3,7 +3,7 @@
 # its K-th of N parts of the grid (`pbr sweep --shard K/N`, balanced by expected cost), runs them
 # through its own DVC queue, and pushes the finished experiments to the team's git and DVC remotes.
 # Every run logs to the team's MLflow server as it goes. Any machine then sees everything:
-#   git pull && dvc exp pull origin && pbr report
+#   git pull && dvc exp pull -A origin && pbr report
 #
 # Usage (array indices start at 1; N = the array's size):
 #   export REPO=git@github.com:our-lab/pbr.git MLFLOW_TRACKING_URI=https://mlflow.our-lab.org

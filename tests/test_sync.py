@@ -559,7 +559,7 @@ def test_a_server_that_refuses_credentials_stays_an_error(tmp_path, monkeypatch,
 
 
 @pytest.mark.slow  # a real `mlflow server` takes 10-20 s to start
-def test_through_a_real_server_both_ways(source, template, tmp_path, monkeypatch):
+def test_through_a_real_server_both_ways(source, template, tmp_path, monkeypatch, capfd):
     """The usual sync: the copied-back folder into the team's server (`pbr import`, REST batches,
     artifacts uploaded through the server), then from the server into another store (artifacts
     downloaded), every history and file intact."""
@@ -573,7 +573,10 @@ def test_through_a_real_server_both_ways(source, template, tmp_path, monkeypatch
         assert r.returncode == 0, r.stderr
         assert r.stdout.startswith("imported 2 runs (0 already present, 1 skipped)") and r.stdout.count("\n") == 1
         back = _store(template, tmp_path / "back")
+        capfd.readouterr()
         assert sync.import_runs(server, back, "pbr", log=lambda m: None).imported == 2
+        said = capfd.readouterr()
+        assert "Downloading artifacts" not in said.out + said.err  # MLflow's progress bar, a run's files each
         again = sync.import_runs(str(source), server, "pbr", log=lambda m: None)
         assert (again.imported, again.present, again.skipped) == (0, 2, 1)
 

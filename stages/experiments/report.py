@@ -741,7 +741,8 @@ def write_csv(groups: list[Group], path: Path, metric: str = "acc") -> None:
 
 def no_runs_message(tracking_uri: str, experiment: str, command: str = "pbr report") -> str:
     return (f"No finished pipeline runs in MLflow experiment '{experiment}' at {tracking_uri}: "
-            f"produce some with `dvc repro` (or `dvc exp run`), then run `{command}` again.")
+            f"produce some with `dvc repro` (or `dvc exp run`), or copy a teammate's with `pbr import` (data pulled "
+            f"with `dvc pull` brings no MLflow runs), then run `{command}` again.")
 
 
 def report_experiment(experiment: str) -> str:

@@ -288,16 +288,19 @@ def import_runs(source: str, target_uri: str, experiment: str, with_artifacts: b
     """Copy the runs of experiment `experiment` in SOURCE into the same experiment at `target_uri`."""
     import os
 
-    # Not MLflow's two "View run ... at" lines per run copied to a server.
-    quiet = os.environ.get("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT")
-    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    # Not MLflow's two "View run ... at" lines per run copied to a server, nor its progress bar for
+    # each run's artifacts downloaded from one: one line a run is pbr's own.
+    quiet = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+    before = {k: os.environ.get(k) for k in quiet}
+    os.environ.update(quiet)
     try:
         return _import(source, target_uri, experiment, with_artifacts, log)
     finally:
-        if quiet is None:
-            del os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"]
-        else:
-            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = quiet
+        for k, v in before.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
 
 
 def _import(source: str, target_uri: str, experiment: str, with_artifacts: bool,
