@@ -102,18 +102,22 @@ def test_tracking_anchors_to_the_repository_from_a_queue_workspace(tmp_path, mon
     assert tracking.anchor(tmp_path / "repo") == tmp_path / "repo"
 
 
-def test_dvc_lock_hashes_only_while_the_lock_describes_the_params_of_this_run(finished, tmp_path):
-    """`pbr train` then `pbr evaluate` by hand after an edit of params.yaml: dvc.lock still names the
-    earlier run's models, and evaluate linked the new run to them."""
+def test_dvc_lock_hashes_only_while_the_lock_describes_the_params_of_this_run(finished, tmp_path, monkeypatch):
+    """`pbr train` then `pbr evaluate` by hand after an edit of params.yaml, or of the code: dvc.lock
+    still names the earlier run's models, and evaluate linked the new run to them. Under DVC (which
+    sets DVC_STAGE) the lock's entries for prepare and train are this execution's."""
     import yaml
 
     from stages.pipeline.evaluate import dvc_lock_hashes
 
     lock = yaml.safe_load((finished / "dvc.lock").read_text())["stages"]
     want = {f"dvc.md5.{o['path']}": o["md5"] for s in ("prepare", "train") for o in lock[s]["outs"]}
+    monkeypatch.setenv("DVC_STAGE", "evaluate")
     assert dvc_lock_hashes(finished / "dvc.lock", finished / "params.yaml") == want
     params = yaml.safe_load((finished / "params.yaml").read_text())
     params["model"]["width"] += 4
     edited = tmp_path / "params.yaml"
     edited.write_text(yaml.safe_dump(params))
     assert dvc_lock_hashes(finished / "dvc.lock", edited) == {}
+    monkeypatch.delenv("DVC_STAGE")  # by hand: the code may have changed since DVC's run, params or not
+    assert dvc_lock_hashes(finished / "dvc.lock", finished / "params.yaml") == {}

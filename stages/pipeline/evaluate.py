@@ -37,16 +37,22 @@ def _buffer_hist(path, n_classes: int, has_buffer: bool) -> list[int]:
     return np.bincount(labels, minlength=n_classes).tolist()
 
 
-def dvc_lock_hashes(lock_path=paths.DVC_LOCK, params_path=paths.DVC_LOCK.with_name("params.yaml")) -> dict[str, str]:
+def dvc_lock_hashes(lock_path=paths.DVC_LOCK, params_path=paths.DVC_LOCK.with_name("params.yaml"),
+                    under_dvc: bool | None = None) -> dict[str, str]:
     """md5 of every output of the stages whose outputs this stage reads (the prepared data, the trained
     models and buffers), as dvc.lock records them: how MLflow links to them. DVC runs and records
     those before this stage; any other stage's entry (score's, this stage's own) may be an earlier
-    execution's while this one runs. None when dvc.lock's entry for them was recorded with other
-    params than params.yaml holds now (`pbr train` and `pbr evaluate` run by hand after an edit:
-    the hashes would be an earlier run's)."""
+    execution's while this one runs. None when DVC does not run this stage (`pbr train` and
+    `pbr evaluate` by hand: dvc.lock still names the outputs of DVC's last run, before any edit of
+    the code or params since), or when dvc.lock's entry for them was recorded with other params than
+    params.yaml holds now."""
+    import os
+
     from stages.runtime.yaml12 import read_yaml
 
-    if not lock_path.is_file():
+    if under_dvc is None:
+        under_dvc = "DVC_STAGE" in os.environ  # DVC sets it for every stage command it runs
+    if not under_dvc or not lock_path.is_file():
         return {}
     lock = read_yaml(lock_path.read_text()) or {}
     now = (read_yaml(params_path.read_text()) if params_path.is_file() else None) or {}
