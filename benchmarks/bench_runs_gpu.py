@@ -133,7 +133,7 @@ def carried_refusal(base: Path, params: dict, runs: list) -> str:
     what prepared it, as the train stage checks it), or "": said once, before any phase starts."""
     from pbr.errors import UserError
     from stages.experiments.sweep import _merged
-    from stages.pipeline.prepare import refuse_stale
+    from stages.runtime.config import refuse_stale
     from stages.runtime.config import from_dict
 
     manifest = json.loads((base / "data" / "prepared" / "manifest.json").read_text())

@@ -1,12 +1,13 @@
 """SIGKILL at chosen instants of prepare, train (inside a task, between tasks) and evaluate: re-running
-finishes with results identical to the uninterrupted run, and no run is left RUNNING in the store.
+finishes with results identical to the uninterrupted run, and the execution is one run in the store,
+FINISHED (the next try joins the killed one), with every stage's records once.
 
 The kills are placed by `PBR_KILL_AT` (stages/runtime/faults.py): a real SIGKILL, at a chosen instant
 instead of a raced one.
 
 The stages here record to plain files (conftest's `records_to_files`, some fifteen stage processes):
-the same `stage_run` marks a dead stage's run KILLED in either store. MLflow's store goes through a
-real kill in test_methods_dvc (ER under `dvc exp run`)."""
+the same `stage_run` marks a dead stage's run KILLED and joins it again in either store. MLflow's store
+goes through a real kill in test_methods_dvc (ER under `dvc exp run`)."""
 
 import json
 import os
@@ -37,7 +38,18 @@ def _assert_same_results(repo, finished, records, statuses):
     assert tree_bytes(repo / "artifacts/train") == tree_bytes(finished / "artifacts/train")  # models, buffers, states
     assert (repo / "dvc.lock").read_text() == (finished / "dvc.lock").read_text()
     assert "up to date" in dvc(repo, "status").stdout
-    assert _statuses(records) == statuses  # each killed try closed as KILLED, none left RUNNING
+    assert _statuses(records) == statuses  # each killed try joined by the next, none left RUNNING
+
+
+def _each_task_once(records, epochs=2, tasks=5):
+    """The run's training records: every epoch's loss and every task's accuracy once, though the
+    tries that logged them were killed and the last one resumed (it logs what they had not)."""
+    exp = records.get_experiment_by_name("pbr")
+    [run] = [r for r in records.search_runs([exp.experiment_id]) if r.info.status == "FINISHED"]
+    loss = records.get_metric_history(run.info.run_id, "train.loss")
+    assert sorted(m.step for m in loss) == list(range(epochs * tasks))
+    assert sorted(m.step for m in records.get_metric_history(run.info.run_id, "class_il.seen_acc")) == list(range(tasks))
+    return run
 
 
 def test_kill_inside_a_task_and_between_tasks_of_train(tmp_path, finished, records_to_files):
@@ -60,7 +72,9 @@ def test_kill_inside_a_task_and_between_tasks_of_train(tmp_path, finished, recor
 
     r = dvc(repo, "repro")
     assert "resuming after task 4 of 5" in r.stdout + r.stderr
-    _assert_same_results(repo, finished, records_to_files, ["FINISHED", "KILLED", "KILLED"])
+    _assert_same_results(repo, finished, records_to_files, ["FINISHED"])
+    run = _each_task_once(records_to_files)
+    assert run.data.tags["pbr.stage.train"] == "done"  # (score and evaluate: their inputs as before, not run)
 
 
 def test_kill_during_prepare(tmp_path, finished, records_to_files):
@@ -75,7 +89,7 @@ def test_kill_during_prepare(tmp_path, finished, records_to_files):
     dvc(repo, "repro")
     assert tree_bytes(repo / "data/prepared") == tree_bytes(finished / "data/prepared")
     assert not list((repo / "data").glob(".prepared.*"))
-    _assert_same_results(repo, finished, records_to_files, ["FINISHED", "KILLED"])
+    _assert_same_results(repo, finished, records_to_files, ["FINISHED"])
 
 
 def test_kill_during_evaluate(tmp_path, finished, records_to_files):
@@ -90,7 +104,7 @@ def test_kill_during_evaluate(tmp_path, finished, records_to_files):
         assert (repo / "reports/eval" / f).read_bytes() == (finished / "reports/eval" / f).read_bytes(), f
     assert json.loads((repo / "reports/metrics.json").read_text()) == json.loads(
         (finished / "reports/metrics.json").read_text())
-    assert _statuses(records_to_files) == ["FINISHED", "KILLED"]
+    assert _statuses(records_to_files) == ["FINISHED"]
 
 
 def test_a_bf16_run_killed_inside_a_task_resumes_to_the_same_bytes(tmp_path, finished, records_to_files, monkeypatch):
@@ -135,7 +149,7 @@ def test_kill_during_score_resumes_at_the_next_task(tmp_path, finished, records_
     assert (repo / "reports/score/by_class.csv").read_bytes() == (finished / "reports/score/by_class.csv").read_bytes()
     assert not list((repo / ".pbr/resume").rglob("score_*.npz"))  # a complete scoring keeps nothing there
     assert "up to date" in dvc(repo, "status").stdout
-    assert _statuses(records_to_files) == ["FINISHED", "KILLED"]
+    assert _statuses(records_to_files) == ["FINISHED"]
 
 
 def test_a_killed_pbr_ui_takes_its_server_with_it(tmp_path):

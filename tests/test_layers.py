@@ -43,3 +43,24 @@ def test_imports_run_one_way():
                 if _room(m) in banned:
                     broken.append(f"{f.relative_to(ROOT)} imports {m}")
     assert not broken, "\n".join(broken)
+
+
+def test_every_import_of_our_own_modules_names_what_they_hold():
+    """Most imports run inside functions (so `pbr --help` stays instant): one of a name moved to
+    another module fails only when that path runs (the GPU benchmark's, once, on the GPU)."""
+    import importlib
+
+    missing = []
+    files = [f for d in ("pbr", "stages", "benchmarks", "tests") for f in sorted(ROOT.joinpath(d).rglob("*.py"))]
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module \
+                    and node.module.split(".")[0] in ("pbr", "stages"):
+                module = importlib.import_module(node.module)
+                for a in node.names:
+                    if a.name != "*" and not hasattr(module, a.name):
+                        try:
+                            importlib.import_module(f"{node.module}.{a.name}")
+                        except ImportError:
+                            missing.append(f"{f.relative_to(ROOT)}:{node.lineno} from {node.module} import {a.name}")
+    assert not missing, "\n".join(missing)

@@ -100,6 +100,12 @@ def test_tracking_anchors_to_the_repository_from_a_queue_workspace(tmp_path, mon
     assert tracking.anchor(ws) == tmp_path / "repo"
     assert tracking.tracking_uri(ws) == f"sqlite:///{tmp_path / 'repo' / 'mlflow.db'}"
     assert tracking.anchor(tmp_path / "repo") == tmp_path / "repo"
+    # MLflow's own example URI, relative: the repository's store too, not one in the workspace DVC
+    # deletes after the run (every queued run was lost there); absolute and server URIs as given.
+    for given, want in (("sqlite:///runs/team.db", f"sqlite:///{tmp_path / 'repo' / 'runs' / 'team.db'}"),
+                        ("sqlite:////abs/m.db", "sqlite:////abs/m.db"), ("http://h:5000", "http://h:5000")):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", given)
+        assert tracking.tracking_uri(ws) == want
 
 
 def test_dvc_lock_hashes_only_while_the_lock_describes_the_params_of_this_run(finished, tmp_path, monkeypatch):

@@ -375,12 +375,14 @@ def test_a_stray_or_broken_entry_stops_neither_a_stage_nor_an_import(plain, temp
         sync.import_runs(str(tmp_path / "other"), target, "pbr")
 
 
-def test_a_stage_joins_its_own_executions_run_only(tmp_path, monkeypatch):
+@pytest.mark.parametrize("store", ["journal", "sqlite"])
+def test_a_stage_joins_its_own_executions_run_only(tmp_path, monkeypatch, store):
     """The stages of one execution share a run; a later execution of the same settings gets its own,
     also when its first stage is one the earlier execution skipped (DVC had it cached) or the two
-    share no DVC experiment name."""
+    share no DVC experiment name. A killed or failed try is joined by the next (one run an execution)."""
     folder = tmp_path / "journal"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", journal.uri(folder))
+    uri = journal.uri(folder) if store == "journal" else f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text("seed: 4\n")
 
@@ -390,10 +392,18 @@ def test_a_stage_joins_its_own_executions_run_only(tmp_path, monkeypatch):
             with tracking.stage_run(stage, {"seed": 4}, tmp_path / "params.yaml"):
                 pass
 
+    def all_runs():
+        if store == "journal":
+            return journal.Reader(folder).search_runs(["pbr"])
+        from mlflow import MlflowClient
+
+        client = MlflowClient(uri)
+        return client.search_runs([client.get_experiment_by_name("pbr").experiment_id])
+
     def runs():
         return sorted((r.info.run_name, sorted(k.removeprefix("pbr.stage.") for k, v in r.data.tags.items()
                                                if k.startswith("pbr.stage.") and v == "done"))
-                      for r in journal.Reader(folder).search_runs(["pbr"]))
+                      for r in all_runs())
 
     execution("kept", "train", "score", "evaluate")  # prepare cached, skipped
     execution("forced", "prepare", "train", "score", "evaluate")  # dvc exp run -f: every stage
@@ -408,7 +418,17 @@ def test_a_stage_joins_its_own_executions_run_only(tmp_path, monkeypatch):
     monkeypatch.setenv("DVC_EXP_NAME", "stopped")
     with pytest.raises(KeyboardInterrupt), tracking.stage_run("prepare", {"seed": 4}, tmp_path / "params.yaml"):
         raise KeyboardInterrupt
-    assert {r.info.run_name: r.info.status for r in journal.Reader(folder).search_runs(["pbr"])}["stopped"] == "KILLED"
+    assert {r.info.run_name: r.info.status for r in all_runs()}["stopped"] == "KILLED"
+    # Run again: the same execution goes on in the same run; a stage that fails, and its try after the
+    # fix, the same.
+    execution("stopped", "prepare")
+    with pytest.raises(UserError), tracking.stage_run("train", {"seed": 4}, tmp_path / "params.yaml"):
+        raise UserError("data/prepared is missing")
+    assert {r.info.run_name: r.info.status for r in all_runs()}["stopped"] == "FAILED"
+    execution("stopped", "train", "score", "evaluate")
+    stopped = [r for r in all_runs() if r.info.run_name == "stopped"]
+    assert [r.info.status for r in stopped] == ["FINISHED"]
+    assert ("stopped", ["evaluate", "prepare", "score", "train"]) in runs()
 
 
 def test_the_part_of_a_split_run_the_report_counts_says_where_it_ran(finished, template, tmp_path, pbr_main):

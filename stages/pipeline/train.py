@@ -119,6 +119,9 @@ def _save_task(out: Path, k: int, method, s: RunSettings, rows: dict, epochs: li
                             "log": json.dumps({"rows": rows, "epochs": epochs})}, tmp / STATE)
 
 
+LOGGED = "pbr.train.logged_tasks"  # how many tasks' records the run holds (a killed try's run is joined again)
+
+
 def _track_task(tracker, k: int, rows: dict, epochs_log: list, epochs: list[int]) -> None:
     """Per-epoch training loss/accuracy (step = global epoch) and per-task accuracy (step = task)."""
     if tracker is None:
@@ -129,6 +132,7 @@ def _track_task(tracker, k: int, rows: dict, epochs_log: list, epochs: list[int]
     tracker.log_metrics({"class_il.seen_acc": sum(rows["class_il"][k][:seen]) / seen,
                          "task_il.seen_acc": sum(rows["task_il"][k][:seen]) / seen,
                          "class_il.task_acc_own": rows["class_il"][k][k]}, step=k)
+    tracker.set_tags({LOGGED: k + 1})
 
 
 def _finished_tasks(out: Path, n_tasks: int) -> int:
@@ -315,7 +319,9 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
             resume.forget(fp)
             raise
         log(f"resuming after task {start} of {n_tasks} (finished tasks are kept in {out})")
-        for k in range(start):  # this run gets the finished tasks' records too
+        # This run gets the finished tasks' records too, those a killed try of it has not logged.
+        logged = int(tracker.joined.get(LOGGED, 0)) if tracker is not None else 0
+        for k in range(logged, start):
             _track_task(tracker, k, rows, epochs_log, s["epochs"])
 
     t_all = time.perf_counter()

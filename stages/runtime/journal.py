@@ -31,6 +31,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from pbr.errors import UserError
 
+ENDED = ("FINISHED", "KILLED", "FAILED")  # a run's statuses once no process runs it
+
 SCHEME = "journal:"
 RUN, PARAMS, TAGS, METRICS, ARTIFACTS = "run.json", "params.json", "tags.json", "metrics.jsonl", "artifacts"
 
@@ -86,10 +88,11 @@ class Recorder:
     def running(self) -> list[tuple[str, dict]]:
         return [(rid, tags) for rid, info, tags in self._runs() if info["status"] == "RUNNING"]
 
-    def latest_finished(self, tag: str, value: str, where: Callable[[dict], bool] = lambda tags: True
-                        ) -> tuple[str, dict] | None:
+    def latest_ended(self, tag: str, value: str, where: Callable[[dict], bool] = lambda tags: True
+                     ) -> tuple[str, dict] | None:
+        """As MLflow's recorder (tracking._MlflowRecorder.latest_ended)."""
         found = [(info["start_time"], rid, tags) for rid, info, tags in self._runs()
-                 if info["status"] == "FINISHED" and tags.get(tag) == value and where(tags)]
+                 if info["status"] in ENDED and tags.get(tag) == value and where(tags)]
         return max(found)[1:] if found else None
 
     def create(self, tags: dict[str, str]) -> str:

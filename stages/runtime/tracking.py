@@ -54,6 +54,12 @@ def tracking_uri(cwd: Path | None = None) -> str:
     forced = os.environ.get("PBR_OFFLINE", "").strip().lower() in ("1", "true", "yes")
     if uri.lower() == "offline" or (forced and _remote(uri)):
         return offline_uri(cwd)
+    rest = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else "/"
+    if not rest.startswith("/"):
+        # A relative sqlite path (MLflow's own example, sqlite:///mlflow.db) from the repository root,
+        # as a journal: folder is: a `dvc queue` worker runs in a copy under .dvc/tmp/exps that DVC
+        # deletes, and every queued run went into a store there.
+        return f"sqlite:///{anchor(cwd) / rest}"
     return uri or f"sqlite:///{anchor(cwd) / 'mlflow.db'}"
 
 
@@ -305,12 +311,16 @@ class _MlflowRecorder:
         found = self.client.search_runs([self.exp_id], filter_string="attributes.status = 'RUNNING'", max_results=1000)
         return [(r.info.run_id, r.data.tags) for r in found]
 
-    def latest_finished(self, tag: str, value: str, where: Callable[[dict], bool] = lambda tags: True
-                        ) -> tuple[str, dict] | None:
-        found = self.client.search_runs(
-            [self.exp_id], filter_string=f"tags.`{tag}` = '{value}' and attributes.status = 'FINISHED'",
-            order_by=["attributes.start_time DESC"], max_results=100)
-        return next(((r.info.run_id, r.data.tags) for r in found if where(r.data.tags)), None)
+    def latest_ended(self, tag: str, value: str, where: Callable[[dict], bool] = lambda tags: True
+                     ) -> tuple[str, dict] | None:
+        """The newest run tagged `tag` = `value` that no process is running (finished, killed or
+        failed) and `where` accepts: (run id, tags)."""
+        found = self.client.search_runs([self.exp_id], filter_string=f"tags.`{tag}` = '{value}'",
+                                        order_by=["attributes.start_time DESC"], max_results=100)
+        from stages.runtime.journal import ENDED
+
+        return next(((r.info.run_id, r.data.tags) for r in found if r.info.status in ENDED and where(r.data.tags)),
+                    None)
 
     def create(self, tags: dict[str, str]) -> str:
         return self.client.create_run(self.exp_id, tags=tags).info.run_id
@@ -389,10 +399,11 @@ def close_dead_runs(uri: str, exp_id: str) -> None:
 
 
 class StageRun:
-    """The pipeline execution's run, as seen by one stage."""
+    """The pipeline execution's run, as seen by one stage; `joined`, the tags it had when this stage
+    joined it (empty for a run the stage made)."""
 
-    def __init__(self, rec, run_id: str) -> None:
-        self.rec, self.run_id = rec, run_id
+    def __init__(self, rec, run_id: str, joined: dict | None = None) -> None:
+        self.rec, self.run_id, self.joined = rec, run_id, dict(joined or {})
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
         now = int(time.time() * 1000)
@@ -430,18 +441,22 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
     # next stage marks KILLED, never one RUNNING for good.
     me = {"pbr.pid": str(os.getpid()), "pbr.host": socket.gethostname()}
     exp_name = os.environ.get("DVC_EXP_NAME", "")
-    # The stages of one execution share its run: a stage joins the latest finished run of its settings
-    # and its execution (DVC's experiment name), unless that has this stage or a later one done: then
-    # it is an earlier execution (`dvc exp run -f`, a cached stage skipped there), which keeps its run.
-    found = rec.latest_finished("pbr.pipeline_key", key, lambda tags: tags.get("dvc.exp_name", "") == exp_name)
+    # The stages of one execution share its run: a stage joins the latest run of its settings and its
+    # execution (DVC's experiment name) that no process runs, unless that has this stage or a later
+    # one done: then it is an earlier execution (`dvc exp run -f`, a cached stage skipped there),
+    # which keeps its run. A killed or failed one is joined too: `dvc repro` after a kill (or after
+    # the cause of a failure is fixed) finishes the same execution, and its run holds every stage's
+    # records, the earlier tries' included, rather than a KILLED run with the first stages' and a
+    # FINISHED one with the rest.
+    found = rec.latest_ended("pbr.pipeline_key", key, lambda tags: tags.get("dvc.exp_name", "") == exp_name)
     if found is not None and not _done_here_or_later(stage, found[1]):
-        run_id = found[0]
+        run_id, joined = found
         rec.log(run_id, tags=me)
         rec.set_status(run_id, "RUNNING")
     else:
-        run_id = rec.create({"pbr.pipeline_key": key, **me})
+        run_id, joined = rec.create({"pbr.pipeline_key": key, **me}), {}
         rec.log(run_id, params=flat_params)
-    r = StageRun(rec, run_id)
+    r = StageRun(rec, run_id, joined)
     r.set_tags({**git, **me, "pbr.stage": stage,
                 "dvc.exp_name": exp_name,
                 "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
