@@ -338,6 +338,18 @@ INTERRUPTED = ("interrupted: what finished is kept (a stage's finished tasks too
 
 
 def main() -> None:
+    # SIGTERM (a SLURM time limit or preemption, `kill`, `timeout`, `docker stop`) and SIGHUP (a closed
+    # terminal) stop a command as Ctrl-C does: its MLflow run says KILLED at once, on any machine,
+    # rather than RUNNING until a later stage on the same host marks it.
+    saved = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        _main()
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _main() -> None:
     try:
         app()
     except SystemExit as e:

@@ -539,3 +539,35 @@ def test_ctrl_c_says_what_is_kept_and_how_to_resume(tmp_path, trained, pbr, monk
     assert r.stderr.splitlines()[-1] == (
         "interrupted: what finished is kept (a stage's finished tasks too); the same command, `dvc repro` or "
         "`dvc exp run` resumes")
+
+
+def test_sigterm_stops_a_stage_as_ctrl_c_does_and_its_run_says_killed(tmp_path, trained, records_to_files):
+    """A SLURM time limit, `kill` or `timeout` sends SIGTERM: the stage died at once, silently, and its
+    run stayed RUNNING until a later stage on the same host marked it (on a team server, from another
+    node, never)."""
+    import time
+
+    from project import BIN, env
+
+    repo = _copy_trained(trained, tmp_path / "repo")
+    shutil.rmtree(repo / "artifacts/train")
+    import yaml
+
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"]["epochs"] = 40  # still training when the signal comes
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    proc = subprocess.Popen([str(BIN / "pbr"), "train"], cwd=repo, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (repo / "artifacts/train/run.json").is_file():  # the run is recorded, training begins
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert err.splitlines()[-1].startswith("interrupted: what finished is kept")
+    [run] = records_to_files.search_runs(["pbr"])
+    assert run.info.status == "KILLED"
