@@ -619,3 +619,19 @@ def test_through_a_real_server_both_ways(source, template, tmp_path, monkeypatch
         assert _history(back, copy) == _history(src_uri, src[origin])
         assert _files(back, copy, tmp_path / "dl" / origin) == _tree(source / "mlartifacts" / origin / "artifacts")
         assert copy.data.params == src[origin].data.params
+
+
+def test_a_deleted_experiment_is_one_line_naming_the_restore(tmp_path):
+    """Deleted in the UI, the experiment stays in MLflow's trash under its name: every stage then
+    failed with MLflow's 116-line traceback ("must be in the 'active' state")."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client, exp_id = tracking.open_experiment(uri, "pbr")
+    client.delete_experiment(exp_id)
+    for call in (tracking.open_experiment, tracking.existing_experiment_id):
+        with pytest.raises(UserError, match=rf"^MLflow experiment 'pbr' at {uri} is deleted .*restore --experiment-id "
+                                            rf"{exp_id}`.* or record to another with MLFLOW_EXPERIMENT_NAME$"):
+            call(uri, "pbr")
+    MlflowClient(uri).restore_experiment(exp_id)
+    assert tracking.open_experiment(uri, "pbr")[1] == exp_id

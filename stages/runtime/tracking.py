@@ -241,6 +241,7 @@ def existing_experiment_id(uri: str, name: str) -> str:
     if exp is None:
         raise UserError(f"MLflow store {uri} has no experiment '{name}': run a stage first (dvc repro), or set "
                         "MLFLOW_EXPERIMENT_NAME")
+    _refuse_deleted(exp, uri)
     return exp.experiment_id
 
 
@@ -263,6 +264,15 @@ def follow_move(db: Path) -> None:
                     c.execute("UPDATE experiments SET artifact_location = ? WHERE artifact_location = ?", (here, old))
     except sqlite3.Error:  # no tables yet (a first call killed early), or damaged: opening the store says so
         pass
+
+
+def _refuse_deleted(exp, uri: str) -> None:
+    """MLflow keeps a deleted experiment (in its trash) under its name: no run can be made in it, and
+    no new experiment of that name."""
+    if exp.lifecycle_stage == "deleted":
+        raise UserError(f"MLflow experiment '{exp.name}' at {uri} is deleted (in MLflow's trash): restore it "
+                        f"(`mlflow experiments restore --experiment-id {exp.experiment_id}`, with MLFLOW_TRACKING_URI "
+                        "set to that store), or record to another with MLFLOW_EXPERIMENT_NAME")
 
 
 def open_experiment(uri: str, name: str):
@@ -296,6 +306,7 @@ def open_experiment(uri: str, name: str):
                 exp_id = client.get_experiment_by_name(name).experiment_id
         else:
             exp_id = exp.experiment_id
+            _refuse_deleted(exp, uri)
             if exp.tags.get(KIND_TAG) != KIND:  # a store made before the tag was set
                 client.set_experiment_tag(exp_id, KIND_TAG, KIND)
     return client, exp_id
