@@ -261,7 +261,7 @@ def import_(
 
 @app.command()
 def ui(
-    port: int = typer.Option(5000, "--port", help="Port of the local UI (a sqlite store only)."),
+    port: int = typer.Option(5000, "--port", min=1, max=65535, help="Port of the local UI (a sqlite store only)."),
     tracking_uri: str | None = typer.Option(
         None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite mlflow.db at the repository root)."),
 ) -> None:

@@ -63,6 +63,9 @@ def test_pipeline_metrics_plots_and_mlflow_agree(tmp_path, finished):
     run_json = json.loads((repo / "artifacts/train/run.json").read_text())
     assert r.data.tags["pbr.code_sha256"] == code_hash() == run_json["code_sha256"]
     assert r.data.tags["pbr.fingerprint"] == run_json["fingerprint"]
+    import hashlib  # the scores, which DVC keeps (no artifact), named by their hash
+
+    assert r.data.tags["pbr.score_sha256"] == hashlib.sha256((repo / "artifacts/score/scores.parquet").read_bytes()).hexdigest()
     # what the score stage's auto settings resolved to: PBR's own T (method.pbr.mc_samples 4) and
     # rate (0.1), at its walk's temperature (a logit scale of 10: s cos / 1 under the tuned preset)
     assert (r.data.tags["score.resolved.mc_samples"], r.data.tags["score.resolved.dropout"]) == ("4", "0.1")

@@ -200,11 +200,16 @@ def run(cfg, log=print, tracker=None) -> dict:
         pq.write_table(table, tmp / "scores.parquet")
     summary = _summaries(data, sc.manifest, tracker)
     if tracker is not None:
+        import hashlib
+
         from pbr.data.shards import manifest_hash
         from stages.pipeline.trained import saved_run_tags
 
-        # A run where only scoring changed holds no train stage: what it scored is said here too.
+        # A run where only scoring changed holds no train stage: what it scored is said here too. The
+        # scores file itself (no artifact: DVC keeps it) is named by its hash.
+        scores = hashlib.sha256((paths.SCORE / "scores.parquet").read_bytes()).hexdigest()
         tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED), **saved_run_tags(),
+                          "pbr.score_sha256": scores,
                           "score.resolved.dropout": sc.dropout, "score.resolved.temperature": sc.tau,
                           "score.resolved.mc_samples": sc.T, "score.resolved.backbone": sc.backbone})
     # Last, so that only DVC's commit of these small outputs is left unguarded by the store.
