@@ -142,9 +142,8 @@ def _project_prepared(params: dict) -> Path | None:
     data settings and no raw data is at data.root to prepare from (a GPU box that pulled the prepared
     data and not the archive); None otherwise. The train stage checks every shard's hash."""
     from pbr.data.sources import raw_present
-    from stages.runtime.config import refuse_stale
     from stages.runtime import paths
-    from stages.runtime.config import from_dict
+    from stages.runtime.config import from_dict, refuse_stale
 
     local = from_repo(paths.PREPARED)
     cfg = from_dict(params)

@@ -68,6 +68,7 @@ def dvc_lock_hashes(lock_path=paths.DVC_LOCK, params_path=paths.DVC_LOCK.with_na
 
 def run(cfg, log=print, tracker=None) -> dict:
     from pbr.data.shards import load_manifest
+    from pbr.methods import METHODS
 
     acc_path = paths.TRAIN / "accuracy.json"
     if not acc_path.is_file():
@@ -85,8 +86,6 @@ def run(cfg, log=print, tracker=None) -> dict:
     tasks = [paths.TRAIN / f"task_{k:02d}" for k in range(n_tasks)]
     buffered = keeps_buffer(tasks)
     hist = [_buffer_hist(t / "buffer.parquet", n_classes, buffered) for t in tasks]
-
-    from pbr.methods import METHODS
 
     # A method with no Class-IL prediction (PNN: one column per task, asked with the task's id) has
     # no Class-IL metrics: its matrix (the newest column's answers) stays in the CSV, the paper's "-".
