@@ -166,6 +166,9 @@ def sweep(
     runs = stage.plan(name, stage.parse_seeds(seeds), stage.parse_assignments(set_, "-S"),
                       stage.parse_assignments(only, "--only", many=True), params, budget)
     jobs = stage.parse_jobs(jobs_)
+    from stages.runtime import mps
+
+    share = mps.parse_mode(gpu_share)  # before --dry-run, which takes no other option's mistake either
     if shard_:
         k, n = stage.parse_shard(shard_)
         total = sum(r.cost for r in runs)
@@ -180,9 +183,6 @@ def sweep(
         typer.echo(f"{len(runs)} run{'s' * (len(runs) != 1)}", err=True)
         return
     stage.refuse_edited_params(params)
-    from stages.runtime import mps
-
-    share = mps.parse_mode(gpu_share)
     if offline is None and share == "mps":
         raise UserError("--gpu-share mps: MPS serves --offline sweeps only (the sweep starts and stops its "
                         "server); DVC's queue workers outlive the command")

@@ -91,6 +91,7 @@ def test_a_cpu_run_records_no_sharing_whatever_the_environment(monkeypatch):
 
 @pytest.mark.parametrize("args,needle", [
     (["--gpu-share", "often"], "--gpu-share often: give auto"),
+    (["--gpu-share", "often", "--dry-run"], "--gpu-share often: give auto"),  # a plan it would not run
     (["--gpu-share", "mps"], "--gpu-share mps: MPS serves --offline sweeps only"),
     (["--record", "files"], "--record files: it says how an --offline sweep records; give --offline DIR too"),
     (["--record", "csv", "--offline", "o"], "--record csv: give one of auto, mlflow, files"),
