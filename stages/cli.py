@@ -340,8 +340,10 @@ INTERRUPTED = ("interrupted: what finished is kept (a stage's finished tasks too
 def main() -> None:
     # SIGTERM (a SLURM time limit or preemption, `kill`, `timeout`, `docker stop`) and SIGHUP (a closed
     # terminal) stop a command as Ctrl-C does: its MLflow run says KILLED at once, on any machine,
-    # rather than RUNNING until a later stage on the same host marks it.
-    saved = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # rather than RUNNING until a later stage on the same host marks it. Only where the signal has its
+    # default action: `nohup` keeps SIGHUP ignored.
+    saved = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGTERM, signal.SIGHUP)
+             if signal.getsignal(sig) == signal.SIG_DFL}
     try:
         _main()
     finally:

@@ -556,13 +556,20 @@ def test_sigterm_stops_a_stage_as_ctrl_c_does_and_its_run_says_killed(tmp_path, 
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["train"]["epochs"] = 40  # still training when the signal comes
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    import signal
+
+    # As `nohup` starts it: SIGHUP ignored, which it must stay.
     proc = subprocess.Popen([str(BIN / "pbr"), "train"], cwd=repo, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     try:
         deadline = time.time() + 120
         while not (repo / "artifacts/train/run.json").is_file():  # the run is recorded, training begins
             assert proc.poll() is None and time.time() < deadline, proc.communicate()
             time.sleep(0.2)
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1)
+        assert proc.poll() is None, proc.communicate()
         proc.terminate()
         out, err = proc.communicate(timeout=60)
     finally:

@@ -349,3 +349,35 @@ def test_a_moved_folders_runs_write_their_artifacts_where_it_is_now(tmp_path):
     other = client.create_run(exp_id).info.run_id
     assert client.get_run(other).info.artifact_uri.startswith(f"{here}/")
     assert not (tmp_path / "old").exists()
+
+
+def test_a_run_without_class_il_metrics_gets_its_done_line():
+    """PNN's metrics.json has no Class-IL block: the sweep's line for it raised KeyError, and the sweep
+    stopped every other run going."""
+    from stages.experiments.offline import done_line
+
+    pnn = {"task_il": {"acc": 61.234}}
+    assert done_line("pnn-c10", 12.4, pnn) == "done pnn-c10 in 12 s: Class-IL -, Task-IL 61.23"
+    both = {"class_il": {"acc": 20.5}, "task_il": {"acc": 61.0}}
+    assert done_line("er-c10", 3, both) == "done er-c10 in 3 s: Class-IL 20.50, Task-IL 61.00"
+
+
+def test_a_killed_sweep_takes_over_the_ctrl_c_handler_pbr_installs_and_leaves_nohup_alone():
+    """pbr's main() maps SIGTERM/SIGHUP to Ctrl-C's handler; the sweep's own (which ignores a second
+    kill while its runs stop) only took over the default action, so under main() it never did. And
+    an ignored SIGHUP (`nohup`) stays ignored."""
+    import signal
+
+    from stages.experiments.offline import kills_interrupt
+
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        with kills_interrupt():
+            assert signal.getsignal(signal.SIGTERM) not in (signal.default_int_handler, signal.SIG_DFL)
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == signal.default_int_handler
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -243,13 +243,20 @@ def kills_interrupt():
 
     saved: dict = {}
     if threading.current_thread() is threading.main_thread():
+        # pbr's main() turns a default action into Ctrl-C's; this one takes over from it.
         saved = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)
-                 if signal.getsignal(sig) == signal.SIG_DFL}
+                 if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler)}
     try:
         yield
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def done_line(name: str, seconds: float, metrics: dict) -> str:
+    """A finished run's line, from its metrics.json (PNN's has no Class-IL block: no such prediction)."""
+    c = f"{metrics['class_il']['acc']:.2f}" if "class_il" in metrics else "-"
+    return f"done {name} in {seconds:.0f} s: Class-IL {c}, Task-IL {metrics['task_il']['acc']:.2f}"
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -366,8 +373,7 @@ def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[
                     log(f"FAILED {name} (exit {proc.returncode}); see {out / 'runs' / name / 'run.log'}")
                 else:
                     done += 1
-                    log(f"done {name} in {time.time() - t0:.0f} s: Class-IL {m['class_il']['acc']:.2f}, "
-                        f"Task-IL {m['task_il']['acc']:.2f}")
+                    log(done_line(name, time.time() - t0, m))
     finally:  # Ctrl-C, a kill, or an error of the sweep's own: the runs it started stop with it
         _stop([proc for _, proc, _, _ in live.values()])
         for r, proc, t0, lock in live.values():  # one that ended before the interrupt was seen is done all the same
