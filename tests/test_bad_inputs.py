@@ -578,3 +578,46 @@ def test_sigterm_stops_a_stage_as_ctrl_c_does_and_its_run_says_killed(tmp_path, 
     assert err.splitlines()[-1].startswith("interrupted: what finished is kept")
     [run] = records_to_files.search_runs(["pbr"])
     assert run.info.status == "KILLED"
+
+
+@pytest.mark.parametrize("same_code", [True, False])
+def test_a_killed_trainings_run_is_joined_only_by_the_same_training(tmp_path, trained, records_to_files, monkeypatch,
+                                                                      same_code):
+    """Interrupted after two tasks, then run again: with the same code the next try resumes in the
+    same run and logs the other three tasks once; after an uncommitted edit of the training code
+    (same commit, same params: the same execution's key) training starts over, and its records go
+    to a run of their own, the interrupted one left as it was (they were mixed in one run)."""
+    from stages.pipeline import train
+    from stages.runtime import faults, tracking
+    from stages.runtime.config import load_config
+
+    repo = _copy_trained(trained, tmp_path / "repo")
+    shutil.rmtree(repo / "artifacts/train")
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("PBR_GIT_COMMIT", "c" * 40)
+    cfg = load_config(repo / "params.yaml")
+
+    def stop_after_task1(point):
+        if point == "train:after_task1":
+            raise KeyboardInterrupt
+
+    def train_once():
+        with tracking.stage_run("train", cfg.flat(), repo / "params.yaml") as run:
+            train.run(cfg, log=lambda *_: None, tracker=run)
+
+    monkeypatch.setattr(faults, "point", stop_after_task1)
+    with pytest.raises(KeyboardInterrupt):
+        train_once()
+    monkeypatch.setattr(faults, "point", lambda point: None)
+    if not same_code:
+        monkeypatch.setattr(train, "code_hash", lambda: "edited since")
+    train_once()
+
+    def steps(run):
+        return sorted(m.step for m in records_to_files.get_metric_history(run.info.run_id, "class_il.seen_acc"))
+
+    runs = sorted(records_to_files.search_runs(["pbr"]), key=lambda r: r.info.status)
+    if same_code:
+        assert [(r.info.status, steps(r)) for r in runs] == [("FINISHED", [0, 1, 2, 3, 4])]
+    else:
+        assert [(r.info.status, steps(r)) for r in runs] == [("FINISHED", [0, 1, 2, 3, 4]), ("KILLED", [0, 1])]

@@ -679,3 +679,23 @@ def test_an_integer_setting_reads_as_an_integer_in_a_row_label():
     assert report.method_label({**p, "method.pbr.mc_samples": "3"}) == "PBR (T 3)"
     assert report.method_label({**p, "method.pbr.mi_epochs": "5"}) == "PBR (MI over 5 epochs)"
     assert report.method_label({**p, "method.pbr.tau2": "3"}) == "PBR (tau2 3.0)"  # a float setting stays one
+
+
+def test_a_moved_stores_report_run_keeps_its_files_beside_it(env, tmp_path):
+    """MLflow keeps the report experiment's artifact folder as an absolute path: in a copy of the
+    checkout (store and all) the report's files went into the original's mlartifacts/."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    first = report.run(csv_path=None, log_mlflow=True)
+    old = Path(env.removeprefix("sqlite:///")).parent
+    copy = tmp_path / "copied checkout"
+    copy.mkdir()
+    shutil.copy(old / "mlflow.db", copy / "mlflow.db")
+    shutil.copytree(old / "mlartifacts", copy / "mlartifacts")
+    uri = f"sqlite:///{copy / 'mlflow.db'}"
+    rep = report.run(tracking_uri=uri, csv_path=None, log_mlflow=True)
+    client = MlflowClient(uri)
+    assert client.get_run(rep.mlflow_run).info.artifact_uri.startswith((copy / "mlartifacts").as_uri() + "/")
+    assert {f.path for f in client.list_artifacts(first.mlflow_run)} >= {"report.md"}  # the copied ones found too

@@ -429,6 +429,18 @@ def test_a_stage_joins_its_own_executions_run_only(tmp_path, monkeypatch, store)
     stopped = [r for r in all_runs() if r.info.run_name == "stopped"]
     assert [r.info.status for r in stopped] == ["FINISHED"]
     assert ("stopped", ["evaluate", "prepare", "score", "train"]) in runs()
+    # A teammate's killed try on the team server, of the same commit and params: theirs, not joined.
+    import socket
+
+    monkeypatch.setenv("DVC_EXP_NAME", "")
+    with monkeypatch.context() as m:
+        m.setattr(socket, "gethostname", lambda: "their-node")
+        with pytest.raises(KeyboardInterrupt), tracking.stage_run("prepare", {"seed": 4}, tmp_path / "params.yaml"):
+            raise KeyboardInterrupt
+    with tracking.stage_run("prepare", {"seed": 4}, tmp_path / "params.yaml"):
+        pass
+    mine = {(r.data.tags["pbr.host"], r.info.status) for r in all_runs() if r.info.run_name.startswith("None-")}
+    assert mine == {(socket.gethostname(), "FINISHED"), ("their-node", "KILLED")}
 
 
 def test_the_part_of_a_split_run_the_report_counts_says_where_it_ran(finished, template, tmp_path, pbr_main):

@@ -756,20 +756,10 @@ def log_to_mlflow(uri: str, experiment: str, rep: Report, metric: str) -> str:
     returns its id."""
     import datetime
 
-    from mlflow import MlflowClient
+    from stages.runtime.tracking import open_experiment
 
-    from stages.runtime.tracking import KIND, KIND_TAG
-
-    client = MlflowClient(tracking_uri=uri)
-    name = report_experiment(experiment)
-    exp = client.get_experiment_by_name(name)
-    if exp is None:
-        where = None  # a sqlite store keeps its artifacts beside it, as the pipeline's runs do
-        if uri.startswith("sqlite:///"):
-            where = (Path(uri[len("sqlite:///"):].split("?", 1)[0]).parent / "mlartifacts").resolve().as_uri()
-        exp_id = client.create_experiment(name, artifact_location=where, tags={KIND_TAG: KIND})
-    else:
-        exp_id = exp.experiment_id
+    # As the stages open theirs: artifacts beside a sqlite store, following it where it moved.
+    client, exp_id = open_experiment(uri, report_experiment(experiment))
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     n_runs = sum(len(g.runs) for g in rep.groups)
     r = client.create_run(exp_id, run_name=f"report {metric} {now}",

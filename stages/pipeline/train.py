@@ -300,6 +300,13 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     # Built before anything saved is touched: a network that does not fit leaves the saved run as it was.
     method = _build_or_refuse(s, manifest, device, gen, init_gen)
     _keep_or_start_over(out, fp, n_tasks, log)
+    start = _finished_tasks(out, n_tasks)
+    logged = int(tracker.joined.get(LOGGED, 0)) if tracker is not None else 0
+    if logged and (tracker.joined.get("pbr.fingerprint") != fp or logged > start):
+        # The killed try this stage joined logged another training (the code or data changed since,
+        # with the commit and params the same) or tasks now trained again: its records stay its own.
+        tracker.start_over()
+        logged = 0
     _record_run(out, fp, s, device, n_threads, n_tasks, tracker, cfg)
     train_sets, test_sets = _load_tasks(manifest, device)
     if s["compile"]:
@@ -309,7 +316,6 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
 
     rows: dict = {"class_il": [], "task_il": []}
     epochs_log: list = []
-    start = _finished_tasks(out, n_tasks)
     if start:
         try:
             rows, epochs_log = _restore(method, out, start, device, gen)
@@ -320,7 +326,6 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
             raise
         log(f"resuming after task {start} of {n_tasks} (finished tasks are kept in {out})")
         # This run gets the finished tasks' records too, those a killed try of it has not logged.
-        logged = int(tracker.joined.get(LOGGED, 0)) if tracker is not None else 0
         for k in range(logged, start):
             _track_task(tracker, k, rows, epochs_log, s["epochs"])
 

@@ -88,12 +88,12 @@ class Recorder:
     def running(self) -> list[tuple[str, dict]]:
         return [(rid, tags) for rid, info, tags in self._runs() if info["status"] == "RUNNING"]
 
-    def latest_ended(self, tag: str, value: str, where: Callable[[dict], bool] = lambda tags: True
-                     ) -> tuple[str, dict] | None:
+    def latest_ended(self, tag: str, value: str, where: Callable[[dict, str], bool] = lambda tags, status: True
+                     ) -> tuple[str, dict, str] | None:
         """As MLflow's recorder (tracking._MlflowRecorder.latest_ended)."""
-        found = [(info["start_time"], rid, tags) for rid, info, tags in self._runs()
-                 if info["status"] in ENDED and tags.get(tag) == value and where(tags)]
-        return max(found)[1:] if found else None
+        found = [(info["start_time"], rid, tags, info["status"]) for rid, info, tags in self._runs()
+                 if info["status"] in ENDED and tags.get(tag) == value and where(tags, info["status"])]
+        return max(found, key=lambda f: f[0])[1:] if found else None
 
     def create(self, tags: dict[str, str]) -> str:
         rid = uuid.uuid4().hex

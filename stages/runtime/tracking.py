@@ -230,8 +230,11 @@ def existing_experiment_id(uri: str, name: str) -> str:
     """The id of experiment `name` in the store at `uri`; a one-line error when there is none."""
     refuse_journal(uri)
     refuse_unreachable(uri)
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):].split("?", 1)[0]).is_file():
-        raise UserError(f"no MLflow store at {uri}: run a stage first (dvc repro), or set MLFLOW_TRACKING_URI")
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):].split("?", 1)[0])
+        if not db.is_file():
+            raise UserError(f"no MLflow store at {uri}: run a stage first (dvc repro), or set MLFLOW_TRACKING_URI")
+        follow_move(db)  # the UI serves the runs' artifacts from where the store is now
     try:
         from mlflow import MlflowClient
 
@@ -322,16 +325,16 @@ class _MlflowRecorder:
         found = self.client.search_runs([self.exp_id], filter_string="attributes.status = 'RUNNING'", max_results=1000)
         return [(r.info.run_id, r.data.tags) for r in found]
 
-    def latest_ended(self, tag: str, value: str, where: Callable[[dict], bool] = lambda tags: True
-                     ) -> tuple[str, dict] | None:
+    def latest_ended(self, tag: str, value: str, where: Callable[[dict, str], bool] = lambda tags, status: True
+                     ) -> tuple[str, dict, str] | None:
         """The newest run tagged `tag` = `value` that no process is running (finished, killed or
-        failed) and `where` accepts: (run id, tags)."""
+        failed) and `where(tags, status)` accepts: (run id, tags, status)."""
         found = self.client.search_runs([self.exp_id], filter_string=f"tags.`{tag}` = '{value}'",
                                         order_by=["attributes.start_time DESC"], max_results=100)
         from stages.runtime.journal import ENDED
 
-        return next(((r.info.run_id, r.data.tags) for r in found if r.info.status in ENDED and where(r.data.tags)),
-                    None)
+        return next(((r.info.run_id, r.data.tags, r.info.status) for r in found
+                     if r.info.status in ENDED and where(r.data.tags, r.info.status)), None)
 
     def create(self, tags: dict[str, str]) -> str:
         return self.client.create_run(self.exp_id, tags=tags).info.run_id
@@ -413,8 +416,17 @@ class StageRun:
     """The pipeline execution's run, as seen by one stage; `joined`, the tags it had when this stage
     joined it (empty for a run the stage made)."""
 
-    def __init__(self, rec, run_id: str, joined: dict | None = None) -> None:
+    def __init__(self, rec, run_id: str, joined: dict | None = None, was: str = "",
+                 fresh: Callable[[], str] | None = None) -> None:
         self.rec, self.run_id, self.joined = rec, run_id, dict(joined or {})
+        self._was, self._fresh = was, fresh
+
+    def start_over(self) -> None:
+        """Leave the run this stage joined as it was (its earlier status) and go on in a new one: what
+        the stage will log is not the joined try's to continue (training started over)."""
+        if self.joined and self._fresh is not None:
+            self.rec.set_status(self.run_id, self._was)
+            self.run_id, self.joined = self._fresh(), {}
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
         now = int(time.time() * 1000)
@@ -450,7 +462,7 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
     key = pipeline_key(params_file, git["git.commit"])
     # Whenever the run is RUNNING it names this process, so that a kill at any instant leaves a run the
     # next stage marks KILLED, never one RUNNING for good.
-    me = {"pbr.pid": str(os.getpid()), "pbr.host": socket.gethostname()}
+    me = {"pbr.pid": str(os.getpid()), "pbr.host": socket.gethostname(), "pbr.checkout": str(anchor())}
     exp_name = os.environ.get("DVC_EXP_NAME", "")
     # The stages of one execution share its run: a stage joins the latest run of its settings and its
     # execution (DVC's experiment name) that no process runs, unless that has this stage or a later
@@ -458,32 +470,42 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
     # which keeps its run. A killed or failed one is joined too: `dvc repro` after a kill (or after
     # the cause of a failure is fixed) finishes the same execution, and its run holds every stage's
     # records, the earlier tries' included, rather than a KILLED run with the first stages' and a
-    # FINISHED one with the rest.
-    found = rec.latest_ended("pbr.pipeline_key", key, lambda tags: tags.get("dvc.exp_name", "") == exp_name)
+    # FINISHED one with the rest. Only a try of this machine and checkout (a teammate's killed run
+    # on the team server, of the same commit and params, is theirs).
+    def ours(tags: dict, status: str) -> bool:
+        same = all(tags.get(k) == me[k] for k in ("pbr.host", "pbr.checkout"))
+        return tags.get("dvc.exp_name", "") == exp_name and (status == "FINISHED" or same)
+
+    stage_tags = {**git, **me, "pbr.stage": stage, "dvc.exp_name": exp_name,
+                  "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
+                  "mlflow.runName": os.environ.get("DVC_EXP_NAME") or f"{flat_params.get('method.name')}-"
+                                    f"{flat_params.get('data.dataset')}-{key[:6]}",
+                  **(tags or {})}
+
+    def fresh() -> str:
+        run_id = rec.create({"pbr.pipeline_key": key, **me})
+        rec.log(run_id, params=flat_params, tags={k: str(v) for k, v in stage_tags.items()})
+        return run_id
+
+    found = rec.latest_ended("pbr.pipeline_key", key, ours)
     if found is not None and not _done_here_or_later(stage, found[1]):
-        run_id, joined = found
+        run_id, joined, was = found
         rec.log(run_id, tags=me)
         rec.set_status(run_id, "RUNNING")
+        r = StageRun(rec, run_id, joined, was, fresh)
+        r.set_tags(stage_tags)
     else:
-        run_id, joined = rec.create({"pbr.pipeline_key": key, **me}), {}
-        rec.log(run_id, params=flat_params)
-    r = StageRun(rec, run_id, joined)
-    r.set_tags({**git, **me, "pbr.stage": stage,
-                "dvc.exp_name": exp_name,
-                "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
-                "mlflow.runName": os.environ.get("DVC_EXP_NAME") or f"{flat_params.get('method.name')}-"
-                                  f"{flat_params.get('data.dataset')}-{key[:6]}",
-                **(tags or {})})
+        r = StageRun(rec, fresh())
     try:
         yield r
     except BaseException as e:
         _server_gone(rec, stage, e)
         # Ctrl-C (or an offline sweep stopping its runs): killed, as a dead process's run is marked.
-        rec.set_status(run_id, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        rec.set_status(r.run_id, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
         raise
     try:
         # FINISHED first: killed before the tags, the stage's next try joins the run again (not "done").
-        rec.set_status(run_id, "FINISHED")
+        rec.set_status(r.run_id, "FINISHED")
         r.set_tags({f"pbr.stage.{stage}": "done", "pbr.pid": ""})
     except Exception as e:
         _server_gone(rec, stage, e)
