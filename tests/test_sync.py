@@ -283,8 +283,9 @@ def plain(tmp_path_factory):
 
 
 def _comparable(uri: str, run) -> tuple:
-    """What a run records, less what differs between two recordings of it (ids, times, its origin)."""
-    extra = {sync.ORIGIN_TAG, sync.VERSION_TAG, sync.SOURCE_TAG}
+    """What a run records, less what differs between two recordings of it (ids, times, its origin, the
+    folder it ran in)."""
+    extra = {sync.ORIGIN_TAG, sync.VERSION_TAG, sync.SOURCE_TAG, "pbr.checkout"}
     history = {k: sorted((v, step) for v, _, step in h) for k, h in _history(uri, run).items()}
     return (run.info.run_name, run.info.status, run.data.params, {k: v for k, v in run.data.tags.items()
                                                                   if k not in extra}, history)
