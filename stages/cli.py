@@ -35,6 +35,9 @@ def _stage(name: str, params: Path) -> None:
 
     cfg = load_config(params)
     module = importlib.import_module(f"stages.pipeline.{name}")
+    # The stage's own refusals of its inputs, before its MLflow run begins: a mistake leaves no
+    # FAILED run (nor a store made for it).
+    module.check(cfg)
     with tracking.stage_run(name, cfg.flat(), params) as run:
         module.run(cfg, tracker=run)
 

@@ -212,6 +212,8 @@ def test_bad_archive(tmp_path, damage, needle, pbr):
     repo = _project(tmp_path / "repo", raw)
     _one_line_error(pbr(repo, "prepare"), needle)
     assert not (repo / "data").exists() and not _leftovers(repo)
+    if damage == "missing":  # refused before the stage's run began: no FAILED run, no store made for it
+        assert not (repo / "mlflow.db").exists()
 
 
 def test_a_class_left_with_no_sample(tmp_path, raw, pbr):
@@ -491,6 +493,7 @@ def test_params_that_did_not_build_the_data_or_train_the_run_are_refused(tmp_pat
     _one_line_error(pbr(repo, stage), needle, "dvc repro")
     assert {p: p.stat().st_mtime_ns for p in (repo / "artifacts").rglob("*")} == before
     assert not (repo / "reports/metrics.json").exists()
+    assert not (repo / "mlflow.db").exists()  # refused before the stage's MLflow run began: no FAILED run
 
 
 def test_one_archive_prepares_the_same_bytes_wherever_and_however_it_lies(tmp_path, raw, prepared):

@@ -324,22 +324,32 @@ def raw_present(dataset: str, root: str | Path) -> bool:
     return any(p.exists() for p in _candidates(dataset, Path(root)))
 
 
-def load_raw(dataset: str, root: str | Path, download: bool = False) -> RawDataset:
-    """Read `dataset` from `root` (archive or extracted folder), downloading it when allowed."""
+def check_raw(dataset: str, root: str | Path, download: bool = False) -> None:
+    """The errors load_raw gives before it reads anything: data.root a file, or no data there and
+    no download allowed."""
     root = Path(root)
     if root.is_file():  # the archive itself given: the candidates below would be names inside a file
         raise DataError(f"data.root {root} is a file; point data.root at the folder that holds it ({root.parent})")
     cands = _candidates(dataset, root)
-    path = next((p for p in cands if p.exists()), None)
-    if path is None and download:
-        _download(dataset, root, cands)
-        path = next((p for p in cands if p.exists()), None)
-    if path is None:
+    if not download and not any(p.exists() for p in cands):
         looked = " or ".join(str(p) for p in cands)
         raise DataError(
             f"no {dataset} data in {root}: looked for {looked}; put the standard archive there "
             f"(or point data.root at the folder holding it), or set data.download: true"
         )
+
+
+def load_raw(dataset: str, root: str | Path, download: bool = False) -> RawDataset:
+    """Read `dataset` from `root` (archive or extracted folder), downloading it when allowed."""
+    root = Path(root)
+    check_raw(dataset, root, download)
+    cands = _candidates(dataset, root)
+    path = next((p for p in cands if p.exists()), None)
+    if path is None:
+        _download(dataset, root, cands)
+        path = next((p for p in cands if p.exists()), None)
+    if path is None:
+        check_raw(dataset, root)  # fetched and still not there: the same line as never fetched
     if dataset == "cifar10":
         return read_cifar(CIFAR10, path, "cifar10")
     if dataset == "cifar100":

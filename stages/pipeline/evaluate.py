@@ -12,7 +12,8 @@ import json
 
 from pbr.errors import UserError
 from pbr.metrics import minority_tasks, scenario_metrics
-from stages.pipeline.trained import TASK_FIX, check_trained, keeps_buffer, let_the_resume_store_go, saved_run_tags
+from stages.pipeline.trained import (  # noqa: F401 (check: asked by the CLI before the stage's run begins)
+    TASK_FIX, check, check_trained, keeps_buffer, let_the_resume_store_go, saved_run_tags)
 from stages.runtime import artifacts, faults, paths, plots
 
 

@@ -23,6 +23,13 @@ def count_tables(manifest: dict) -> tuple[list[dict], list[dict]]:
     return per_class, per_task
 
 
+def check(cfg: Config) -> None:
+    """What the stage refuses before it starts: data.root a file, no data there and no download."""
+    from pbr.data.sources import check_raw
+
+    check_raw(cfg.data.dataset, paths.from_repo(cfg.data.root), cfg.data.download)
+
+
 def run(cfg: Config, log=print, tracker=None) -> dict:
     from pbr.data.longtail import build_stream
     from pbr.data.shards import write_prepared

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from stages.pipeline.trained import check  # noqa: F401 (asked by the CLI before the stage's run begins)
 from stages.runtime import artifacts, faults, paths, plots, resume, threads
 
 COLUMNS = ("split", "index", "label", "task", "class_count", "mi", "entropy", "correct_own", "mi_final",

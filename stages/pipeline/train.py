@@ -275,6 +275,14 @@ def _build_or_refuse(s: RunSettings, manifest: dict, device, gen, init_gen):
                         f"use a smaller model.width{busy}") from None
 
 
+def check(cfg: Config) -> None:
+    """What the stage refuses before it starts: no prepared data, or data prepared with other settings."""
+    from pbr.data.shards import load_manifest
+    from stages.runtime.config import refuse_stale
+
+    refuse_stale(cfg, load_manifest(paths.PREPARED))
+
+
 def run(cfg: Config, log=print, tracker=None) -> dict:
     import torch
 

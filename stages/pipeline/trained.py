@@ -63,6 +63,15 @@ def check_trained(cfg, manifest: dict) -> None:
         refuse_other_data(record, manifest)
 
 
+def check(cfg) -> None:
+    """What score and evaluate refuse before they start: no prepared data, or a trained run the params
+    file (or the prepared data) no longer describes."""
+    from pbr.data.shards import load_manifest
+    from stages.runtime import paths
+
+    check_trained(cfg, load_manifest(paths.PREPARED))
+
+
 def refuse_other_data(record: dict, manifest: dict) -> None:
     """The trained run was trained on the data/prepared there now: prepared again with other data
     settings (and `pbr score` run by hand, or `dvc repro -s score`), its models would be scored and
