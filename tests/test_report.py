@@ -699,3 +699,24 @@ def test_a_moved_stores_report_run_keeps_its_files_beside_it(env, tmp_path):
     client = MlflowClient(uri)
     assert client.get_run(rep.mlflow_run).info.artifact_uri.startswith((copy / "mlartifacts").as_uri() + "/")
     assert {f.path for f in client.list_artifacts(first.mlflow_run)} >= {"report.md"}  # the copied ones found too
+
+
+def test_a_nan_metric_reads_as_missing_with_a_note_not_a_crash():
+    """An imported or hand-logged run with a NaN (training itself refuses a non-finite loss): the
+    statistics module raised AttributeError on it in the table, the paired lines and pbr confirm."""
+    from stages.experiments import confirmation
+
+    runs = [RunRecord(f"pbr-{s}", {**BASE, "method.name": "pbr", "seed": str(s)},
+                      {"class_il.acc": v, "task_il.acc": 80.0}, 0, {"pbr.device": "cpu"})
+            for s, v in ((0, 50.0), (1, float("nan")), (2, 54.0))]
+    runs += [RunRecord(f"er-{s}", {**BASE, "method.name": "er", "seed": str(s)},
+                       {"class_il.acc": v, "task_il.acc": 80.0}, 0, {"pbr.device": "cpu"})
+             for s, v in ((0, 40.0), (1, 41.0), (2, float("inf")))]
+    groups, _ = report.group_runs(runs)
+    text = report.render_markdown(groups)
+    assert "52.00 ± 2.83" in text  # PBR: 50 and 54; ER: 40 and 41
+    assert "run pbr-1's class_il.acc not finite, left out" in text and "run er-2's class_il.acc" in text
+    # PBR - ER over the one seed both have a finite value on (seed 0): too few to pair.
+    (pbr,) = [g for g in groups if g.method == "PBR"]
+    assert pbr.by_seed("class_il", "acc") == {"0": 50.0, "2": 54.0}
+    confirmation.render(groups)  # no crash on the same runs

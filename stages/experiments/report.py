@@ -138,6 +138,11 @@ def machine_text(device: str, precision: str) -> str:
            f"{'precision unknown' if precision == UNKNOWN else precision}"
 
 
+def _finite(r: RunRecord, key: str) -> float | None:
+    v = r.metrics.get(key)
+    return v if v is not None and math.isfinite(v) else None
+
+
 @dataclass
 class Group:
     """The runs of one cell group: (setting, IR, dataset, n_tasks, method label, buffer)."""
@@ -169,8 +174,7 @@ class Group:
         cls = _method(self.runs[0].params.get("method.name", "")) if self.runs else None
         if mode == "class_il" and cls is not None and not cls.class_il:
             return []  # no Class-IL prediction (PNN): "-" as in the paper
-        key = f"{mode}.{metric}"
-        return [r.metrics[key] for r in self.runs if key in r.metrics]
+        return [v for r in self.runs if (v := _finite(r, f"{mode}.{metric}")) is not None]
 
     def by_seed(self, mode: str, metric: str) -> dict[str, float]:
         """`mode.metric` by seed: the mean of a seed's runs where runs of differing settings share
@@ -181,8 +185,8 @@ class Group:
             return {}
         seeds: dict[str, list[float]] = {}
         for r in self.runs:
-            if key in r.metrics:
-                seeds.setdefault(r.params.get("seed", ""), []).append(r.metrics[key])
+            if (v := _finite(r, key)) is not None:
+                seeds.setdefault(r.params.get("seed", ""), []).append(v)
         return {s: statistics.fmean(v) for s, v in seeds.items()}
 
     def stats(self, mode: str, metric: str) -> tuple[float, float, int] | None:
@@ -434,8 +438,13 @@ def group_runs(runs: Iterable[RunRecord]) -> tuple[list[Group], list[str]]:
             continue
         label, budget, device, precision = method_label(p), budget_of(p), device_of(r), precision_of(p)
         key = (budget, setting, ir, dataset, n_tasks, label, buf, device, precision)
-        groups.setdefault(key, Group(setting, ir, dataset, n_tasks, label, buf, budget, device,
-                                     precision)).runs.append(r)
+        g = groups.setdefault(key, Group(setting, ir, dataset, n_tasks, label, buf, budget, device, precision))
+        # A NaN or infinite metric (an imported or hand-logged run: training refuses a non-finite
+        # loss) reads as missing (Group.values): one would make its row's means and intervals NaN.
+        bad = sorted(k for k, v in r.metrics.items() if not math.isfinite(v))
+        if bad:
+            g.notes.append(f"{g.describe()}: run {r.run_id}'s {', '.join(bad)} not finite, left out")
+        g.runs.append(r)
 
     for gs in _tables(groups.values()).values():
         if len({(g.device, g.precision) for g in gs}) > 1:
