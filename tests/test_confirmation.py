@@ -148,14 +148,44 @@ def test_holm_counts_every_planned_comparison_and_other_cells_stay_out():
     assert math.isnan(comps["C4"].holm) and math.isnan(comps["C5"].p)
 
 
-def test_the_table_prints_the_notes_of_runs_averaged_together_and_of_runs_left_out():
+def test_runs_off_the_plans_settings_are_left_out_and_the_notes_say_which_and_how():
+    """The plan runs one thread a run and every other key as params.yaml has it: a run of two
+    threads, a compiled run, and a run on another data seed are not the plan's runs (they were
+    averaged into their seeds, the data seed's into C1-C5 with only a note)."""
     runs = _runs() + [RunRecord("pbr-100-threads", {**BASE, **ROWS["pbr"][0], "seed": "100", "train.threads": "2"},
                                 {"class_il.acc": 60.0, "task_il.acc": 80.0}, 1, {"pbr.device": "cpu"}),
                       RunRecord("pbr-101-compiled", {**BASE, **ROWS["pbr"][0], "seed": "101", "train.compile": "true"},
                                 {"class_il.acc": 62.0, "task_il.acc": 80.0}, 1, {"pbr.device": "cpu"})]
+    runs = [r for r in runs if r.run_id != "pbr-random-102"]
+    runs.append(RunRecord("pbr-random-102", {**BASE, **ROWS["pbr-random"][0], "seed": "102", "data.seed": "7"},
+                          {"class_il.acc": 99.0, "task_il.acc": 80.0}, 0, {"pbr.device": "cpu"}))
     text = confirmation.render(report.group_runs(runs)[0])
-    # The plan runs one thread a run: the run of two is left out (it was averaged into seed 100),
-    # and the note says so, not that runs were averaged.
-    assert "| PBR | `pbr` | 3 | 53.67 ± 3.51 |" in text  # seeds 50, (52 + 62) / 2, 54
+    assert "| PBR | `pbr` | 3 | 52.00 ± 2.00 |" in text  # 50, 52, 54: neither the 60 nor the 62 counted
+    assert "| PBR (random) | `pbr-random` | 2 | 50.00 ± 1.41 |" in text  # 49, 51: the data seed 7 run out
+    assert re.search(r"\| C2 \| PBR - PBR \(random\) \| 2 \| \+1\.00 \|", text)
     assert re.search(r"- note: .*: 1 run\(s\) not of one thread a run left out", text)
-    assert re.search(r"- note: .*differ in train\.compile", text) and "differ in train.threads" not in text
+    assert re.search(r"- note: .*run pbr-101-compiled \(seed 101\) left out.*train\.compile true \(the plan's <unset>\)", text)
+    assert re.search(r"- note: .*run pbr-random-102 \(seed 102\) left out.*data\.seed 7 \(the plan's <unset>\)", text)
+    assert "differ in" not in text  # nothing was averaged together
+
+
+def test_a_row_run_off_the_other_rows_settings_is_left_out():
+    """A row whose every run used another batch size is not the plan's row, though its runs agree
+    with each other: the rows share every key but their own."""
+    runs = [r if not r.run_id.startswith("er-lr0.03") else
+            RunRecord(r.run_id, {**r.params, "train.batch_size": "64"}, r.metrics, 0, r.tags) for r in _runs()]
+    comps = {c.name: c for c in confirmation.compare(report.group_runs(runs)[0])}
+    assert comps["C3"].n == 0 and comps["C1"].n == 3 and comps["C4"].n == 3
+    assert re.search(r"run er-lr0\.03-100 \(seed 100\) left out.*train\.batch_size 64",
+                     confirmation.render(report.group_runs(runs)[0]))
+
+
+def test_the_table_names_the_runs_commits_and_data_and_warns_of_uncommitted_code():
+    tags = {"git.commit": "4491350aaaa", "git.dirty": "false", "pbr.data_manifest": "ab" * 32}
+    runs = [RunRecord(r.run_id, r.params, r.metrics, 0, {**r.tags, **tags, **({"git.commit": "2ea9635bbbb", "git.dirty": "true"}
+                                                                  if r.run_id.startswith("er-") else {})})
+            for r in _runs()]
+    text = confirmation.render(report.group_runs(runs)[0])
+    # 18 plan runs: 6 rows x seeds 100-102, ER's 6 of them from another, dirty checkout.
+    assert "Runs counted: 18; code commit: 4491350 (12), 2ea9635 (6); prepared data (pbr.data_manifest): abababababab (18)." in text
+    assert "- note: 6 run(s) from a checkout with uncommitted code" in text

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 
 from stages.experiments import report
@@ -103,22 +104,85 @@ def holm(ps: list[float]) -> list[float]:
     return out
 
 
+def _differences(theirs: dict[str, str], plan: dict[str, str]) -> str:
+    keys = sorted(k for k in theirs.keys() | plan.keys() if theirs.get(k) != plan.get(k))
+    return "; ".join(f"{k} {theirs.get(k, '<unset>')} (the plan's {plan.get(k, '<unset>')})" for k in keys)
+
+
+def _keep_the_plans(runs_by_row: dict[str, list[report.RunRecord]],
+                    setting) -> tuple[dict[str, list[report.RunRecord]], dict[str, list[str]]]:
+    """The runs whose `setting` (run -> dict) is the most common one of their scope, and a note per
+    row on those left out: the plan runs every row with every other key as params.yaml has it, so
+    a run off it (another batch size, data seed, compiled step) is not one of the plan's runs."""
+    counts = Counter(tuple(sorted(setting(r).items())) for rs in runs_by_row.values() for r in rs)
+    if not counts:
+        return runs_by_row, {}
+    plan = dict(counts.most_common(1)[0][0])
+    kept, notes = {}, {}
+    for row, rs in runs_by_row.items():
+        kept[row] = [r for r in rs if setting(r) == plan]
+        for r in rs:
+            if setting(r) != plan:
+                notes.setdefault(row, []).append(f"run {r.run_id} (seed {r.params.get('seed')}) left out, off the "
+                                                 f"plan's settings: {_differences(setting(r), plan)}")
+    return kept, notes
+
+
+def _outside_the_row(r: report.RunRecord) -> dict[str, str]:
+    """What every row of a plan shares: the settings but the method's own and the lr (ER's rows)."""
+    return {k: v for k, v in report._signature(r.params) if not k.startswith("method.") and k != "train.lr"}
+
+
 def cell_groups(groups: list[report.Group], plan: Plan = FIRST) -> dict[str, report.Group]:
     """The group of each plan row in the confirmation's cell (CELL holds every key of a group but
-    the row, so a row has one group at most), holding its runs of one thread a run, as the plan
-    says (a thread count moves a CPU run's last digits, and those the walk's choices)."""
+    the row, so a row has one group at most), holding its runs on the plan's seeds of one thread a
+    run, as the plan says (a thread count moves a CPU run's last digits, and those the walk's
+    choices), with every other setting the plan's: the one most of the rows' runs share outside
+    the rows' own keys, and within a row the one most of its runs have."""
     cell = [g for g in groups if g.method in plan.rows and all(getattr(g, k) == v for k, v in CELL.items())]
+    ran = {g.method: [r for r in g.runs if r.params.get("seed") in plan.seeds] for g in cell}
+    one = {row: [r for r in rs if r.params.get("train.threads") == "1"] for row, rs in ran.items()}
+    one, shared_notes = _keep_the_plans(one, _outside_the_row)
+    notes: dict[str, list[str]] = {}
+    for row, rs in one.items():
+        kept, row_notes = _keep_the_plans({row: rs}, lambda r: dict(report._signature(r.params)))
+        one[row] = kept[row]
+        notes[row] = shared_notes.get(row, []) + row_notes.get(row, [])
     out = {}
     for g in cell:
-        one = [r for r in g.runs if r.params.get("train.threads") == "1"]
         # Grouped again, so that the notes speak of the runs counted.
-        regrouped = report.group_runs(one)[0] or [dataclasses.replace(g, runs=[], notes=[])]
+        regrouped = report.group_runs(one[g.method])[0] or [dataclasses.replace(g, runs=[], notes=[])]
         (h,) = regrouped
-        if len(one) < len(g.runs):
-            h.notes.append(f"{g.describe()}: {len(g.runs) - len(one)} run(s) not of one thread a run left out "
+        threads = len(ran[g.method]) - sum(r.params.get("train.threads") == "1" for r in ran[g.method])
+        if threads:
+            h.notes.append(f"{g.describe()}: {threads} run(s) not of one thread a run left out "
                            "(the plan runs one thread a run)")
+        h.notes += [f"{g.describe()}: {n}" for n in notes[g.method]]
         out[g.method] = h
     return out
+
+
+def provenance(groups: dict[str, report.Group]) -> list[str]:
+    """Where the counted runs come from: code commits, uncommitted code, prepared data. A plan may
+    reuse an earlier one's runs from another commit (the third confirmation does), so mixed commits
+    are said, not refused."""
+    runs = [r for g in groups.values() for r in g.runs]
+    if not runs:
+        return []
+
+    def tally(tag: str, width: int | None = None) -> str:
+        c = Counter((r.tags.get(tag) or "unknown")[:width] for r in runs)
+        return ", ".join(f"{k} ({n})" for k, n in sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    lines = [f"Runs counted: {len(runs)}; code commit: {tally('git.commit', 7)}; prepared data "
+             f"(pbr.data_manifest): {tally('pbr.data_manifest', 12)}."]
+    dirty = sum(r.tags.get("git.dirty") != "false" for r in runs)
+    if dirty:
+        lines.append(f"- note: {dirty} run(s) from a checkout with uncommitted code (or unknown: git.dirty), "
+                     "which no commit reproduces")
+    if len({r.tags.get("pbr.data_manifest") for r in runs}) > 1:
+        lines.append("- note: the runs were trained on more than one prepared data set (pbr.data_manifest)")
+    return lines
 
 
 def rows_by_seed(groups: list[report.Group], mode: str = "class_il", metric: str = "acc",
@@ -167,9 +231,11 @@ def render(groups: list[report.Group], plan: Plan = FIRST) -> str:
         low, high = c.interval()
         lines.append(f"| {c.name} | {c.a} - {c.b} | {c.n} | {c.mean:+.2f} | [{low:+.2f}, {high:+.2f}] | "
                      f"{c.p:.3g} | {c.holm:.3g} | {c.verdict()} | {c.claim} |")
-    notes = [note for g in cell_groups(groups, plan).values() for note in g.notes]
+    counted = cell_groups(groups, plan)
+    notes = [note for g in counted.values() for note in g.notes]
+    lines += [""] + provenance(counted) if any(g.runs for g in counted.values()) else []
     if notes:
-        lines += [""] + [f"- note: {note}" for note in notes]
+        lines += ([] if lines[-1].startswith(("Runs counted", "- note")) else [""]) + [f"- note: {note}" for note in notes]
     if any(c.n < len(plan.seeds) for c in comps):
         lines += ["", f"INCOMPLETE: the plan is n = {len(plan.seeds)} for every comparison; until then these are "
                       "progress figures, not the pre-registered verdicts."]
