@@ -78,15 +78,19 @@ def report(
     figures: Path = typer.Option(Path("reports/report"), "--figures", help="Folder of the figures (one PNG per table)."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log the figures, CSV and tables to MLflow experiment "
                                                           "<experiment>-report (one run per report)."),
+    seeds: str | None = typer.Option(None, "--seeds", help="Only the runs of these seeds: N (0..N-1), A-B or A,B,C "
+                                                           "(e.g. a confirmation's fresh seeds: 100-109)."),
 ) -> None:
     """The paper's tables from finished runs in MLflow: mean ± std over seeds, paper numbers beside,
     PBR paired with each row (95% interval); a figure per table (docs/report.md)."""
     from stages.experiments import report as stage
+    from stages.experiments.sweep import parse_seeds
     from stages.runtime.tracking import experiment_name
 
     exp = experiment or experiment_name()
     out = stage.run(tracking_uri=tracking_uri, experiment=exp, metric=metric, csv_path=csv,
-                    markdown_path=markdown, figures_dir=figures, log_mlflow=log)
+                    markdown_path=markdown, figures_dir=figures, log_mlflow=log,
+                    seeds=None if seeds is None else parse_seeds(seeds))
     typer.echo(out.text, nl=False)
     if out.csv_path is not None:
         typer.echo(f"\nwrote {out.csv_path}" + (f" and {out.markdown_path}" if out.markdown_path else ""),

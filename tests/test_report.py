@@ -316,6 +316,14 @@ def test_cli(env, tmp_path, pbr_main):
     assert "wrote reports/report/ordered-ir-0.01-acc.png" in r.stderr
     assert (tmp_path / "reports" / "report" / "shuffled-ir-0.1-acc.png").is_file()
     assert "logged to MLflow experiment 'pbr-report', run " in r.stderr
+    # --seeds: those seeds' runs only, said in the title; none of them: said so
+    r = pbr_main("report", "--seeds", "0-1", "--no-log", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": env})
+    assert r.returncode == 0 and "| 200 | PBR | 51.00 ± 1.41 (n=2) [paper 51.00]" in r.stdout
+    assert "their mean; seeds 0-1 only)" in r.stdout.splitlines()[0]
+    r = pbr_main("report", "--seeds", "7-9", "--no-log", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": env})
+    assert r.returncode == 0 and r.stdout.startswith("No finished pipeline runs of seeds 7-9 in MLflow experiment")
+    r = pbr_main("report", "--seeds", "3-1", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": env})
+    assert r.returncode == 2 and "--seeds 3-1: give N" in r.stderr and "Traceback" not in r.stderr
     # no store at all: the message, exit 0, and no mlflow.db created
     r = pbr_main("report", "--tracking-uri", f"sqlite:///{tmp_path}/x.db", cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("No finished pipeline runs") and "dvc repro" in r.stdout
@@ -525,7 +533,11 @@ def test_one_png_per_table_written_atomically_and_logged_to_mlflow(env, tmp_path
     assert run.data.params["n_runs"] == "8" and run.data.tags["pbr.report.source"] == "pbr"
     assert sorted(f.path for f in client.list_artifacts(rep.mlflow_run, "figures")) == \
         ["figures/ordered-ir-0.01-acc.png", "figures/shuffled-ir-0.1-acc.png"]
-    assert {f.path for f in client.list_artifacts(rep.mlflow_run)} >= {"report.md", "report.csv"}
+    assert {f.path for f in client.list_artifacts(rep.mlflow_run)} >= {"report.md", "report.csv", "runs.csv"}
+    # Every counted run, traceable from the report: its id, row and seed.
+    rows = list(csv.DictReader(Path(client.download_artifacts(rep.mlflow_run, "runs.csv", str(tmp_path))).open()))
+    assert sorted(r["run_id"] for r in rows) == sorted(r.run_id for g in rep.groups for r in g.runs)
+    assert sorted(r["seed"] for r in rows if r["row"].startswith("PBR, buffer 200, Seq-CIFAR-10-LT")) == ["0", "1", "2"]
     # the report's own run is no row of the next report
     assert [len(g.runs) for g in report.run(csv_path=None).groups] == [len(g.runs) for g in rep.groups]
     # a table gone from the report takes its figure with it
@@ -720,3 +732,17 @@ def test_a_nan_metric_reads_as_missing_with_a_note_not_a_crash():
     (pbr,) = [g for g in groups if g.method == "PBR"]
     assert pbr.by_seed("class_il", "acc") == {"0": 50.0, "2": 54.0}
     confirmation.render(groups)  # no crash on the same runs
+
+
+def test_a_confirmations_seeds_averaged_with_others_are_pointed_out():
+    """Selection seeds (a setting was chosen on them) pooled with a confirmation's fresh ones read
+    better than the confirmation alone: the note says so and how to see the fresh ones alone."""
+    runs = [RunRecord(f"pbr-{s}", {**BASE, "method.name": "pbr", "seed": str(s)}, {"class_il.acc": 50.0}, 0,
+                      {"pbr.device": "cpu"}) for s in (*range(0, 10), *range(100, 110))]
+    runs += [RunRecord(f"er-{s}", {**BASE, "method.name": "er", "seed": str(s)}, {"class_il.acc": 40.0}, 0,
+                       {"pbr.device": "cpu"}) for s in range(100, 110)]
+    text = report.render_markdown(report.group_runs(runs)[0])
+    assert ("PBR, buffer 200, Seq-CIFAR-10-LT (5 tasks): seeds 0-9 averaged with a pre-registered confirmation's "
+            "100-109 (docs/preregistration.md); those alone: `pbr report --seeds 100-109`") in text
+    assert "ER, buffer 200, Seq-CIFAR-10-LT (5 tasks): seeds" not in text  # ER ran the fresh seeds only
+    assert report.seed_text(["5", "0", "1", "2", "200", "201", "7"]) == "0-2, 5, 7, 200-201"

@@ -528,13 +528,46 @@ def _cell(g: Group | None, mode: str, metric: str, paper: float | None, paper_ta
     return text
 
 
-def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[str] = ()) -> str:
-    """One markdown table per (setting, IR); notes under each table."""
+def seed_text(seeds: Iterable[int | str]) -> str:
+    """Seeds as runs of consecutive ones: 0-9, 100-109, 205."""
+    nums = sorted({int(s) for s in seeds})
+    spans: list[list[int]] = []
+    for n in nums:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _pooled_confirmation_notes(groups: list[Group]) -> list[str]:
+    """A pre-registered confirmation's seeds were never used for a choice; averaged with seeds that
+    were (the selection seeds a setting was picked on), the row reads better than the plan's alone."""
+    from stages.experiments.confirmation import PLANS
+
+    blocks = sorted({p.seeds for p in PLANS.values()})
+    notes = []
+    for g in groups:
+        seeds = {r.params.get("seed", "") for r in g.runs} - {""}
+        for block in blocks:
+            if seeds & set(block) and seeds - set(block):
+                notes.append(f"{g.describe()}: seeds {seed_text(seeds - set(block))} averaged with a pre-registered "
+                             f"confirmation's {block[0]}-{block[-1]} (docs/preregistration.md); those alone: "
+                             f"`pbr report --seeds {block[0]}-{block[-1]}`")
+    return notes
+
+
+def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[str] = (),
+                    seeds: Iterable[int] | None = None) -> str:
+    """One markdown table per (setting, IR); notes under each table. `seeds`: the runs were those
+    of these seeds only (`--seeds`), which the title says."""
     from stages.experiments.paper_results import PAPER_N_TASKS, PAPER_RESULTS
 
     what = {"acc": "final average accuracy", "bwt": "backward transfer",
             "forgetting": "forgetting"}[metric]
-    out = [f"# {metric.upper()} (%, {what}): mean ± std over seeds (n = seeds; a seed with several runs counts once, their mean)"]
+    only = "" if seeds is None else f"; seeds {seed_text(seeds)} only"
+    out = [f"# {metric.upper()} (%, {what}): mean ± std over seeds (n = seeds; a seed with several runs counts "
+           f"once, their mean{only})"]
     if metric == "acc":
         out.append("[paper X] is the published number (mean of 5 runs); "
                    "[paper X, N tasks] where the paper used another number of tasks.")
@@ -570,7 +603,8 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
                         f"(on one machine): the mean difference, its 95% interval (Student's t, n-1 degrees of "
                         f"freedom), and on how many seeds {_reference()} is higher; rows sharing fewer than {MIN_PAIRS} "
                         f"seeds left out.", ""] + paired
-        notes = [note for g in gs for note in g.notes] + _tuned_lr_notes(gs) + _unknown_machine_notes(gs)
+        notes = ([note for g in gs for note in g.notes] + _tuned_lr_notes(gs) + _unknown_machine_notes(gs)
+                 + _pooled_confirmation_notes(gs))
         if notes:
             out += [""] + [f"- note: {note}" for note in notes]
     skipped = list(skipped)
@@ -782,10 +816,25 @@ def log_to_mlflow(uri: str, experiment: str, rep: Report, metric: str) -> str:
     for path in rep.figures:
         client.log_artifact(r.info.run_id, str(path), "figures")
     client.log_text(r.info.run_id, rep.text, "report.md")
+    client.log_text(r.info.run_id, runs_csv(rep.groups), "runs.csv")
     if rep.csv_path is not None:
         client.log_artifact(r.info.run_id, str(rep.csv_path))
     client.set_terminated(r.info.run_id, "FINISHED")
     return r.info.run_id
+
+
+def runs_csv(groups: list[Group]) -> str:
+    """Every run the report counted, with what traces it: its row, seed, code commit and prepared
+    data (the report's MLflow run keeps this beside the tables)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["run_id", "table", "row", "dataset", "n_tasks", "seed", "git_commit", "git_dirty", "data_manifest"])
+    for g in groups:
+        for r in g.runs:
+            w.writerow([r.run_id, table_title(g.budget, g.setting, g.imbalance_ratio).lstrip("# "), g.describe(),
+                        g.dataset, g.n_tasks, r.params.get("seed", ""), r.tags.get("git.commit", ""),
+                        r.tags.get("git.dirty", ""), r.tags.get("pbr.data_manifest", "")])
+    return buf.getvalue()
 
 
 def figure_tables(groups: list[Group], metric: str) -> list[tuple[str, list[Group], bool]]:
@@ -797,17 +846,22 @@ def figure_tables(groups: list[Group], metric: str) -> list[tuple[str, list[Grou
 
 def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, metric: str = "acc",
         csv_path: Path | None = DEFAULT_CSV, markdown_path: Path | None = None,
-        figures_dir: Path | None = None, log_mlflow: bool = False) -> Report:
-    """Build the report; write the CSV (and markdown file, and a PNG per table under `figures_dir`)
-    when there are runs, and with `log_mlflow` log them to report_experiment(experiment); with none,
-    empty what an earlier report wrote there (it would read as current). Prints nothing."""
+        figures_dir: Path | None = None, log_mlflow: bool = False, seeds: list[int] | None = None) -> Report:
+    """Build the report (from the runs of `seeds` only, if given); write the CSV (and markdown file,
+    and a PNG per table under `figures_dir`) when there are runs, and with `log_mlflow` log them to
+    report_experiment(experiment); with none, empty what an earlier report wrote there (it would
+    read as current). Prints nothing."""
     if metric not in METRICS:
         raise UserError(f"--metric {metric}: not one of {', '.join(METRICS)}")
     uri = tracking_uri or _default_uri()
     runs = collect_runs(uri, experiment)
+    if runs and seeds is not None:
+        runs = [r for r in runs if r.params.get("seed") in {str(s) for s in seeds}]
     groups, skipped = group_runs(runs or [])
     if not groups:
         text = no_runs_message(uri, experiment)
+        if seeds is not None and runs is not None:
+            text = text.replace("No finished pipeline runs", f"No finished pipeline runs of seeds {seed_text(seeds)}")
         if skipped:
             text += f" ({len(skipped)} complete run(s) lack a seed or data.* / method.* params.)"
         if runs is None:  # no such store or experiment (a typo, another store): leave the files alone
@@ -819,7 +873,7 @@ def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, m
 
             write_figures([], metric, Path(figures_dir))
         return Report(text + "\n", [])
-    text = render_markdown(groups, metric, skipped)
+    text = render_markdown(groups, metric, skipped, seeds)
     if csv_path is not None:
         write_csv(groups, Path(csv_path), metric)
     if markdown_path is not None:
