@@ -118,6 +118,21 @@ def test_hals_memory_by_default_is_one_reservoir_over_the_stream_as_mammoth_runs
     assert held["ring"] == 10 and held["reservoir"] <= 5, held
 
 
+def test_hals_ring_is_offered_the_epochs_the_reservoirs_rule_says():
+    """method.reservoir reaches HAL's ring as every online memory: with first_epoch a task's later
+    epochs are not offered, so a ring of 10 holds the first epoch's 8 samples once; with every_epoch
+    it keeps the latest 10 of the three epochs' 24, repeats included."""
+    for rule, seen, size in (("every_epoch", 24, 10), ("first_epoch", 8, 8)):
+        method, ctx = _setup("hal", n_classes=4, n_tasks=2, buffer_size=20, hal_memory="ring", reservoir=rule)
+        images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+        labels = torch.arange(8) % 2
+        method.begin_task(0, images, labels)
+        for epoch in range(3):
+            method.begin_epoch(epoch)
+            method.offer(images, labels)
+        assert (method.policy.seen, len(method.buffer)) == (seen, size), rule
+
+
 def test_hal_anchor_is_forgotten_by_the_memory_step_more_than_its_start():
     import copy
 

@@ -676,12 +676,17 @@ def test_a_run_without_a_seed_is_left_out_and_auto_threads_are_what_the_run_had(
     assert [r.run_id for r in g.runs] == ["g4"] and g.by_seed("class_il", "acc") == {"0": 52.0}
 
 
-def test_a_hal_run_from_before_hal_memory_keeps_its_budget():
-    """HAL ran a ring (no online reservoir) before `hal_memory` existed: its `method.reservoir` param
-    changes nothing, so the run stays in its budget's table rather than one of its own."""
-    old = {**BASE, "method.name": "hal", "seed": "0", "method.reservoir": "first_epoch"}
-    assert report.budget_of(old) == "full protocol"
-    assert report.budget_of({**old, "method.hal.hal_memory": "reservoir"}) == "width 64, epochs 50, reservoir first_epoch"
+def test_hals_ring_reads_the_reservoirs_rule_as_its_reservoir_does():
+    """The per-task ring is offered the batches `method.reservoir` says, as the reservoir is (its
+    buffer differs: tests/test_rehearsal_methods.py): HAL runs of either memory that differ only in
+    it are not one row, and a full-width run offered the first epoch only is not the full protocol."""
+    for memory in ("ring", "reservoir"):
+        run = {**BASE, "method.name": "hal", "seed": "0", "method.hal.hal_memory": memory}
+        assert report.budget_of({**run, "method.reservoir": "every_epoch"}) == "full protocol"
+        assert report.budget_of({**run, "method.reservoir": "first_epoch"}) == "width 64, epochs 50, reservoir first_epoch"
+        proxy = {**run, "model.width": "8", "train.epochs": "[4, 8, 16, 40, 80]"}
+        assert report.budget_of({**proxy, "method.reservoir": "first_epoch"}) == "proxy"
+        assert report.budget_of({**proxy, "method.reservoir": "every_epoch"}) != "proxy"
 
 
 def test_an_integer_setting_reads_as_an_integer_in_a_row_label():

@@ -10,6 +10,8 @@ The memory (`hal_memory`):
   buffer). On a long-tailed stream it gives every task an equal share, where the reservoir's
   shares follow the tasks' sizes; a task smaller than its share holds repeats of its samples
   after several epochs. Runs recorded before this setting existed ran the ring.
+Either memory is offered the batches `method.reservoir` says (every epoch's, or the task's first
+epoch's), as every memory filled online is.
 Each
 step first takes ER's step to a temporary theta~ (CE on the current and a memory batch), then goes
 back to theta and steps on CE + hal_lambda * mean ||f_theta(e) - f_theta~(e)||^2 over the anchors
@@ -97,12 +99,6 @@ class HAL(ContinualMethod):
                             f"one slot per task ({len(ctx.task_classes)})")
         self.anchors: torch.Tensor | None = None  # [classes so far, C, H, W], normalised input space
         self.phi: torch.Tensor | None = None
-
-    @classmethod
-    def reads(cls, key: str, settings: dict[str, Any]) -> bool:
-        if key == "reservoir":
-            return settings.get("hal_memory") != "ring"
-        return super().reads(key, settings)
 
     def make_policy(self, buffer):
         if self.opts.hal_memory == "ring":

@@ -316,7 +316,7 @@ def budget_of(params: dict[str, str]) -> str:
 
     width, epochs = params.get("model.width", "64"), params.get("train.epochs", "50")
     reservoir = params.get("method.reservoir", "every_epoch")
-    if not _reads(resolved(params), "reservoir"):  # resolved: a HAL run from before hal_memory ran the ring
+    if not _reads(resolved(params), "reservoir"):  # resolved: what the run's "auto" settings were
         reservoir = None  # the method has no online reservoir: the setting does not change it
     proxy = BUDGETS["proxy"]
     if (width, epochs) == (str(proxy["model.width"]), str(proxy["train.epochs"])) and \
