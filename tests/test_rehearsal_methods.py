@@ -203,6 +203,10 @@ BEST_ARGS = {
     ("hal", "cifar10", 5120): {"lr": 0.03, "hal_lambda": 0.1, "hal_beta": 0.3, "hal_gamma": 0.1},
     ("gem", "cifar10", 500): {"lr": 0.03, "margin": 0.5},  # Mammoth's gamma
     ("gss", "cifar10", 5120): {"lr": 0.03},
+    ("lwf", "cifar10", 200): {"lr": 0.01, "alpha": 3.0, "weight_decay": 5e-4},
+    ("lwf", "tinyimagenet", 200): {"lr": 0.01, "alpha": 1.0, "weight_decay": 5e-4},
+    # seq-cifar100 lwf {-1: lr 0.03, optim_wd 5e-4}: no alpha, so models/lwf.py's default 0.5 ran.
+    ("lwf", "cifar100", 500): {"lr": 0.03, "alpha": 0.5, "weight_decay": 5e-4},
 }
 
 
