@@ -45,19 +45,29 @@ if [ ! -d "$WORK/.git" ]; then
 fi
 cd "$WORK"
 git pull -q --ff-only origin "$BRANCH"
+# This clone's code runs (and its commit is what the runs record), not that of the checkout `pip
+# install -e` was run in; the queue's workers inherit it.
+export PYTHONPATH="$WORK${PYTHONPATH:+:$PYTHONPATH}"
 # shellcheck disable=SC2086  # SWEEP_ARGS is a list of options
 pbr sweep "$GRID" --seeds "$SEEDS" --shard "$K/$N" $SWEEP_ARGS --jobs "$JOBS"
-while dvc queue status | grep -E '(Queued|Running) *$' >/dev/null; do  # not -q: under pipefail an early exit fails dvc
-  sleep "${POLL_SECONDS:-60}"
+while sleep "${POLL_SECONDS:-60}"; status=$(dvc queue status); grep -qE '(Queued|Running) *$' <<<"$status"; do
+  if grep -qE 'Worker status: 0 active, 0 idle' <<<"$status"; then  # the workers died: nothing will end
+    echo "no queue worker left, runs unfinished: submit this task again (its dead runs are queued again)" >&2
+    break
+  fi
 done
 # The experiments this queue finished (named: without names dvc pushes none): their git refs to
 # REPO, their outputs to the DVC remote. --force: a re-queued task's runs replace earlier copies.
-mapfile -t done_names < <(dvc queue status | awk '$NF == "Success" {print $2}')
-failed=$(dvc queue status | grep -cE 'Failed *$' || true)
+# A name that failed on an earlier try and succeeded since is not a failure.
+status=$(dvc queue status)
+mapfile -t done_names < <(awk '$NF == "Success" {print $2}' <<<"$status" | sort -u)
+failed=$(awk '$NF == "Failed" {f[$2] = 1} $NF == "Success" {ok[$2] = 1}
+              $NF ~ /^(Queued|Running)$/ {f[$2] = 1}
+              END {n = 0; for (k in f) if (!(k in ok)) n++; print n}' <<<"$status")
 dvc queue stop >/dev/null 2>&1 || true
 echo "pushing ${#done_names[@]} experiments: ${done_names[*]}"
 if [ "${#done_names[@]}" -gt 0 ]; then
   dvc exp push --force origin "${done_names[@]}"
 fi
-echo "shard $K/$N of $GRID: done, $failed failed (dvc queue logs NAME shows why)"
+echo "shard $K/$N of $GRID: done, $failed failed or unfinished (dvc queue logs NAME shows why)"
 [ "$failed" -eq 0 ]

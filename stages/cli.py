@@ -172,6 +172,10 @@ def sweep(
         raise UserError(f"--record {record}: it says how an --offline sweep records; give --offline DIR too")
     runs = stage.plan(name, stage.parse_seeds(seeds), stage.parse_assignments(set_, "-S"),
                       stage.parse_assignments(only, "--only", many=True), params, budget)
+    if offline is None and params.resolve() != Path("params.yaml").resolve():
+        # `dvc exp run -S` sets the repository's params.yaml: another file would plan runs that never run.
+        raise UserError(f"--params {params}: queued DVC runs take the repository's params.yaml; sweep {params} with "
+                        "--offline DIR, or put its values in params.yaml (or give them with -S)")
     jobs = stage.parse_jobs(jobs_)
     from stages.runtime import mps
 

@@ -1,5 +1,6 @@
 """The paper's grids as DVC experiment runs (planning only; test_sweep_dvc queues and runs them)."""
 
+import re
 
 import pytest
 
@@ -326,3 +327,50 @@ def test_a_queued_sweep_checks_its_data_before_queueing(tmp_path, pbr_main):
     r = pbr_main("sweep", "table3", "--seeds", "1", cwd=tmp_path)
     assert r.returncode == 2 and f"data.root = {tmp_path / 'nothing'}: no cifar100 data there" in r.stderr, r.stderr
     assert not (tmp_path / ".dvc").exists()
+
+
+@pytest.mark.parametrize("grid,extra,msg", [
+    # table5 names its runs by head: all eight would run cosine, four pairs of one run under two names.
+    ("table5", {"model.head": "cosine"}, r"^-S model.head: table5 sets it run by run \(cosine, linear.*--only model.head=VALUE"),
+    # table2's b200 and b500 runs would both run buffer 1000, named b200 and b500.
+    ("table2", {"method.buffer_size": 1000}, r"^-S method.buffer_size: table2 sets it run by run \(200, 500"),
+    # fid-pbr would be fid-pbr-literal.
+    ("fidelity", {"method.pbr.preset": "paper"}, r"^-S method.pbr.preset: fidelity sets it run by run \(paper; other "
+                                                 r"runs as params.yaml has it\)"),
+])
+def test_s_on_a_key_the_grid_sets_run_by_run_is_refused(grid, extra, msg):
+    with pytest.raises(UserError, match=msg):
+        _plan(grid, extra=extra)
+    # A key every run of the grid has alike (fidelity's dataset) or none sets stays -S's.
+    assert len(_plan("fidelity", extra={"data.imbalance_ratio": 0.1, "train.epochs": 1})) == len(_plan("fidelity"))
+
+
+def test_only_picks_seeds_never_and_a_repeated_key_adds_values():
+    with pytest.raises(UserError, match=r"^--only seed=1: a sweep's seeds are --seeds"):
+        _plan("table1", 3, only=sweep.parse_assignments(["seed=1"], "--only", many=True))
+    twice = sweep.parse_assignments(["method.name=pbr", "method.name=sgd", "data.setting=ordered"], "--only", many=True)
+    assert twice == {"method.name": ["pbr", "sgd"], "data.setting": ["ordered"]}
+    assert {r.overrides["method.name"] for r in _plan("table5", only=twice)} == {"pbr", "sgd"}
+
+
+def test_a_params_file_without_a_key_the_sweep_reads_names_the_file(tmp_path):
+    import yaml
+
+    cut = yaml.safe_load(PARAMS.read_text())
+    del cut["train"]["device"]
+    f = tmp_path / "mine.yaml"
+    f.write_text(yaml.safe_dump(cut))
+    runs = _plan("fidelity", only={"row": ["pbr"]})
+    with pytest.raises(UserError, match=rf"^{re.escape(str(f))}: no train.device in it; copy it from the project's params.yaml"):
+        sweep.on_gpu(runs, f)
+
+
+def test_a_queued_sweep_of_another_params_file_is_refused(tmp_path, pbr_main):
+    """`dvc exp run -S` sets the repository's params.yaml: the plan of another file would not be what ran."""
+    (tmp_path / "params.yaml").write_text(PARAMS.read_text())
+    (tmp_path / "mine.yaml").write_text(PARAMS.read_text().replace("width: 64", "width: 4"))
+    r = pbr_main("sweep", "table1", "--seeds", "1", "--params", "mine.yaml", "--dry-run", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().startswith(
+        "error: --params mine.yaml: queued DVC runs take the repository's params.yaml; sweep mine.yaml with --offline DIR")
+    r = pbr_main("sweep", "table1", "--seeds", "1", "--params", "params.yaml", "--dry-run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr

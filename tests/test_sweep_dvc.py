@@ -82,3 +82,52 @@ def test_two_queue_workers_lose_no_run(tmp_path, pbr_main):
     assert "shuffled, IR 0.1" in rep and "DER++" in rep and "PBR" in rep and "(n=1)" in rep
     # A second sweep queues nothing: every run is finished.
     assert "0 runs queued, 2 already finished or queued" in pbr_main(*sweep[1:], cwd=repo).stderr
+
+
+def _kill_everything_under(folder) -> int:
+    """SIGKILL every process working in `folder` (a queue worker in the repository, its run in a
+    workspace under .dvc/tmp/exps): a node lost, as far as this repository can tell."""
+    import os
+    import signal
+    from pathlib import Path
+
+    killed = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+        except OSError:
+            continue
+        if cwd == folder or folder in cwd.parents:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def test_a_run_whose_worker_was_killed_is_queued_again(tmp_path):
+    """DVC lists a task as Running forever once its worker is killed (a lost node, a SLURM time
+    limit): the sweep run again skipped it as running, and examples/slurm_sweep.sh waited on it."""
+    raw = tmp_path / "raw"
+    fakedata.write_cifar(raw, 100, 20, 2)
+    repo = make_project(tmp_path / "repo", data__root=str(raw), data__download=False, data__dataset="cifar100",
+                        model__width=4, train__epochs=1, train__device="cpu", method__pbr__mc_samples=4)
+    sweep = [str(BIN / "pbr"), "sweep", "table3", "--seeds", "1", "--only", "data.imbalance_ratio=0.1",
+             "--only", "method.name=pbr"]
+    assert "1 run queued" in run([*sweep, "--jobs", "1"], repo).stderr
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and [s for _, s in _queue(repo)] != ["Running"]:
+            time.sleep(1)
+        assert [s for _, s in _queue(repo)] == ["Running"]
+        assert _kill_everything_under(repo.resolve()) >= 1
+        time.sleep(1)
+        assert [s for _, s in _queue(repo)] == ["Running"]  # DVC's listing: no worker, never to end
+        r = run(sweep, repo)
+        assert "listed as running, but no queue worker is alive (killed?): marked failed, queued again" in r.stderr
+        assert "1 run queued, 0 already finished or queued" in r.stderr, r.stderr
+        assert sorted(s for _, s in _queue(repo)) == ["Failed", "Queued"]
+    finally:
+        dvc(repo, "queue", "stop", check=False)
+        _kill_everything_under(repo.resolve())

@@ -258,8 +258,10 @@ def parse_assignments(items: list[str], option: str, many: bool = False) -> dict
         if not sep or not key.strip() or not value.strip():
             raise UserError(f"{option} {item!r}: write it as key=value, e.g. {option} train.epochs=5")
         try:
-            out[key.strip()] = ([read_yaml(v) for v in value.split(",")] if many
-                                else read_yaml(value))
+            if many:  # --only k=a --only k=b is --only k=a,b
+                out.setdefault(key.strip(), []).extend(read_yaml(v) for v in value.split(","))
+            else:
+                out[key.strip()] = read_yaml(value)
         except yaml.YAMLError:
             raise UserError(f"{option} {item!r}: the value is not valid YAML") from None
     return out
@@ -327,6 +329,9 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
     if "seed" in extra:  # each run's seed is the sweep's to set: -S seed would be overridden, run after run
         raise UserError(f"-S seed={extra['seed']}: a sweep gives each run its seed; use --seeds (N for 0..N-1, "
                         "A-B, or A,B,C)")
+    if "seed" in only:  # the grid's cells have no seed yet: it would be params.yaml's, for every run
+        raise UserError(f"--only seed={','.join(map(str, only['seed']))}: a sweep's seeds are --seeds (N for 0..N-1, "
+                        "A-B, or A,B,C)")
     settings = {**BUDGETS[budget], **extra}
     if isinstance(seeds, int):
         if seeds < 1:
@@ -336,14 +341,16 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
     if not isinstance(base, dict):
         raise UserError(f"{params_file}: no parameters file here; run pbr sweep in the project's root")
     filters = {k: v if isinstance(v, list) else [v] for k, v in only.items()}
+    cells = list(GRIDS[grid](base))
+    _refuse_grid_keys(grid, cells, extra)
     runs = []
-    for cell in GRIDS[grid](base):
+    for cell in cells:
         o = {k: v for k, v in {**cell, **settings}.items() if not k.startswith("_")}
         # `row` picks a fidelity cell by its name (fid-ROW-sSEED): --only row=pbr,pbr-random
         if any((str(cell.get("_row")) if k == "row" else _lookup(base, o, k)) not in vals
                for k, vals in filters.items()):
             continue
-        n_tasks = _lookup(base, o, "data.n_tasks")
+        n_tasks = _lookup(base, o, "data.n_tasks", params_file)
         if budget == "proxy" and "train.epochs" not in extra and n_tasks != 5:
             raise UserError(f"--budget proxy is defined for 5-task streams (Seq-CIFAR-10-LT); {grid} has a "
                             f"{n_tasks}-task run: add --only data.dataset=cifar10, or set -S train.epochs")
@@ -360,6 +367,20 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
         wanted = " ".join(f"{k}={','.join(map(str, v))}" for k, v in filters.items())
         raise UserError(f"--only {wanted}: no run of {grid} matches; see `pbr sweep {grid} --dry-run`")
     return runs
+
+
+def _refuse_grid_keys(grid: str, cells: list[dict[str, Any]], extra: dict[str, Any]) -> None:
+    """-S on a key the grid sets run by run (table5's heads, table2's buffers, the fidelity rows'
+    readings) would give those runs one value under names that say otherwise, several names for one
+    run. --only picks the grid's runs by such a key."""
+    missing = object()
+    for key in extra:
+        values = {repr(c.get(key, missing)) for c in cells}
+        if len(values) > 1:
+            shown = sorted({str(c[key]) for c in cells if key in c})
+            rest = "; other runs as params.yaml has it" if any(key not in c for c in cells) else ""
+            raise UserError(f"-S {key}: {grid} sets it run by run ({', '.join(shown[:4])}{', ...' * (len(shown) > 4)}"
+                            f"{rest}); pick those runs with --only {key}=VALUE, or sweep another grid")
 
 
 # The largest class of each training set, and its images' pixels relative to CIFAR's 32 x 32.
@@ -422,7 +443,7 @@ def on_gpu(runs: list[Run], params_file: Path, cuda_devices: int | None = None) 
     """Whether the runs train on a CUDA GPU: a run's `train.device` is cuda, or auto on a machine
     that has one."""
     base = read_params(params_file)
-    devices = [str(_lookup(base, r.overrides, "train.device")) for r in runs]
+    devices = [str(_lookup(base, r.overrides, "train.device", params_file)) for r in runs]
     if all(d == "cpu" for d in devices):
         return False
     if any(d == "cuda" for d in devices):
@@ -448,17 +469,21 @@ def auto_jobs(runs: list[Run], params_file: Path, gpu: bool, mps: bool = False,
     if cores is None:
         cores = available_cores()
     base = read_params(params_file)
-    threads = max((of_a_run(_lookup(base, r.overrides, "train.threads")) for r in runs), default=1)
+    threads = max((of_a_run(_lookup(base, r.overrides, "train.threads", params_file)) for r in runs), default=1)
     n = max(1, cores // threads)
     return n, f"{n} run(s) at once: {cores} CPU core(s), {threads} torch thread(s) a run"
 
 
-def _lookup(base: dict, overrides: dict[str, Any], key: str) -> Any:
+def _lookup(base: dict, overrides: dict[str, Any], key: str, params_file: Path | None = None) -> Any:
+    """A run's value of `key` (an --only key, or with `params_file` one the sweep itself reads)."""
     if key in overrides:
         return overrides[key]
     d: Any = base
     for part in key.split("."):
         if not isinstance(d, dict) or part not in d:
+            if params_file is not None:
+                raise UserError(f"{params_file}: no {key} in it; copy it from the project's params.yaml, which "
+                                "has every key")
             raise UserError(f"--only {key}: no such parameter in params.yaml")
         d = d[part]
     return d
@@ -479,12 +504,27 @@ def _merged(base: dict, overrides: dict[str, Any]) -> dict:
     return out
 
 
-def existing(repo) -> set[str]:
-    """Names of experiments finished for the current commit, queued or running now."""
+def existing(repo, log=print) -> set[str]:
+    """Names of experiments finished for the current commit, queued or running now. A task DVC
+    lists as running while no queue worker is alive (its worker was killed: a lost node, a SLURM
+    time limit) never finishes: it is marked failed, so that the sweep queues it again."""
     names = {name for runs in repo.experiments.ls().values() for name, _ in runs if name}
-    for task in repo.experiments.celery_queue.status():
-        if task.get("status") in ("Queued", "Running") and task.get("name"):
+    q = repo.experiments.celery_queue
+    for task in q.status():
+        if task.get("status") == "Queued" and task.get("name"):
             names.add(task["name"])
+    running = list(q._iter_active_tasks())  # (celery result, queue entry) of each unfinished task
+    if running:
+        # Every worker answers within the timeout while it lives (its control thread is apart from
+        # the run it executes); no answer at all means no worker.
+        workers = q.celery.control.inspect(timeout=5.0).active() or {}
+        for task in running:
+            name = task.entry.name or task.entry.stash_rev[:7]
+            if workers:
+                names.add(name)
+            else:
+                q.celery.backend.mark_as_failure(task.async_result.id, None)
+                log(f"{name}: listed as running, but no queue worker is alive (killed?): marked failed, queued again")
     return names
 
 
@@ -535,7 +575,7 @@ def refuse_missing_data(runs: list[Run], params_file: Path) -> None:
     base = read_params(params_file)
     seen = set()
     for r in runs:
-        ds, root, fetch = (_lookup(base, r.overrides, k) for k in ("data.dataset", "data.root", "data.download"))
+        ds, root, fetch = (_lookup(base, r.overrides, k, params_file) for k in ("data.dataset", "data.root", "data.download"))
         if (ds, root, fetch) in seen:
             continue
         seen.add((ds, root, fetch))
@@ -553,7 +593,7 @@ def queue(runs: list[Run], log=print, before=None) -> tuple[int, int]:
     queued = skipped = 0
     try:
         with Repo(".") as repo:
-            have = existing(repo)
+            have = existing(repo, log)
             if before is not None:
                 before()
             for r in runs:
