@@ -381,3 +381,38 @@ def test_a_killed_sweep_takes_over_the_ctrl_c_handler_pbr_installs_and_leaves_no
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def test_a_done_run_under_other_params_or_training_code_runs_again(tmp_path, monkeypatch):
+    """DONE was read by name only: after a committed params.yaml edit (or a training code edit) a
+    second sweep skipped every run as done with the old settings, where DVC's queue runs them again."""
+    from stages.experiments import offline
+    from stages.experiments.sweep import Run
+
+    started = []
+    metrics = json.dumps({"class_il": {"acc": 50.0}, "task_il": {"acc": 80.0}})
+
+    def start(run, out, base, env, log):
+        started.append(run.name)
+        d = out / "runs" / run.name
+        (d / "reports").mkdir(parents=True, exist_ok=True)
+        return offline._spawn(f"echo '{metrics}' > reports/metrics.json", d, dict(os.environ), d / "run.log")
+
+    monkeypatch.setattr(offline, "_start", start)
+    monkeypatch.setattr(offline, "_prepared", lambda *a, **k: None)
+    out, said = tmp_path / "out", []
+    sweep = lambda runs: offline.run_all(runs, out, ROOT / "params.yaml", record="files", log=said.append)  # noqa: E731
+    assert sweep([Run("r0", {"seed": 0})]) == (1, 0, [])
+    assert sweep([Run("r0", {"seed": 0})]) == (0, 1, []) and started == ["r0"]
+    # Where the data lies is no part of a run.
+    assert sweep([Run("r0", {"seed": 0, "data.root": str(tmp_path / "elsewhere")})]) == (0, 1, [])
+    # The same name under another batch size: run again, and said.
+    assert sweep([Run("r0", {"seed": 0, "train.batch_size": 16})]) == (1, 0, []) and started == ["r0", "r0"]
+    assert "r0: finished under other params or training code; run again" in said
+    # Another training code: likewise.
+    monkeypatch.setattr("stages.pipeline.train.code_hash", lambda root=None: "edited")
+    assert sweep([Run("r0", {"seed": 0, "train.batch_size": 16})]) == (1, 0, []) and len(started) == 3
+    # A DONE from before stamps existed counts as done: nothing says it is stale.
+    done = out / "runs/r0/DONE"
+    done.write_text(json.dumps({k: v for k, v in json.loads(done.read_text()).items() if k != "stamp"}))
+    assert sweep([Run("r0", {"seed": 0})]) == (0, 1, [])

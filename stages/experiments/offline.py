@@ -8,8 +8,9 @@ or, where MLflow is not installed (or with `--record files`), to plain files in 
 (stages/runtime/journal.py), with the code commit of the project it was started from. `pbr import
 DIR` copies the runs into the project's store later, where `pbr report` shows them like any other.
 
-A finished run leaves `DIR/runs/<name>/DONE` (its metrics); a second call skips it, and a run
-killed part-way resumes from its finished tasks (the train stage's own resume).
+A finished run leaves `DIR/runs/<name>/DONE` (its metrics, and a stamp of its params and training
+code); a second call skips it while both are the same, and a run killed part-way resumes from its
+finished tasks (the train stage's own resume).
 """
 
 from __future__ import annotations
@@ -278,13 +279,35 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
-def _finish(run, out: Path, rc: int, seconds: float) -> dict | None:
+def stamp(params: dict) -> str:
+    """What a finished run was finished under: its params (where its data lies aside) and the code
+    that shapes the trained weights (the train stage's own fingerprint hashes the same code). Under
+    another stamp the name is no longer that run: a committed edit of params.yaml (DVC's queue,
+    which names runs per commit, runs them again too) or of the training code."""
+    from stages.pipeline.train import code_hash
+    from stages.runtime.config import NOT_CONTENT
+
+    content = {**params, "data": {k: v for k, v in params.get("data", {}).items() if k not in NOT_CONTENT}}
+    blob = json.dumps({"params": content, "code": code_hash()}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def finished(d: Path, mark: str) -> bool:
+    """DONE under this stamp (a DONE from before stamps were written counts: nothing says otherwise)."""
+    try:
+        got = json.loads((d / DONE).read_text()).get("stamp", mark)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return got == mark
+
+
+def _finish(run, out: Path, rc: int, seconds: float, mark: str) -> dict | None:
     d = out / "runs" / run.name
     metrics = d / "reports" / "metrics.json"
     if rc != 0 or not metrics.is_file():
         return None
     m = json.loads(metrics.read_text())
-    _write(d / DONE, json.dumps({"seconds": round(seconds, 1), **m}, indent=1))
+    _write(d / DONE, json.dumps({"seconds": round(seconds, 1), "stamp": mark, **m}, indent=1))
     return m
 
 
@@ -335,7 +358,11 @@ def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[
     if made.returncode != 0:
         last = (made.stderr.strip().splitlines() or [f"exit {made.returncode}"])[-1]
         raise UserError(f"--offline {out}: the runs' store could not be made: {last}")
-    todo = _order(r for r in runs if not (out / "runs" / r.name / DONE).is_file())
+    marks = {r.name: stamp(_params(base, r.overrides)) for r in runs}
+    todo = _order(r for r in runs if not finished(out / "runs" / r.name, marks[r.name]))
+    for r in todo:
+        if (out / "runs" / r.name / DONE).is_file():
+            log(f"{r.name}: finished under other params or training code; run again")
     # Every data section is prepared before any run starts: one that fails leaves no run behind. The
     # prepare stage records as part of the first run that needs its data (that run's stages join it).
     for r in todo:
@@ -351,7 +378,7 @@ def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[
                 d = out / "runs" / r.name
                 d.mkdir(parents=True, exist_ok=True)
                 lock = _lock(d / ".lock", wait=False)
-                if lock is None or (d / DONE).is_file():  # running, or finished meanwhile, in another sweep
+                if lock is None or finished(d, marks[r.name]):  # running, or finished meanwhile, in another sweep
                     if lock is None:
                         elsewhere += 1
                         log(f"{r.name}: another sweep in {out} is running it; left to that one")
@@ -359,6 +386,7 @@ def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[
                         lock.close()
                         skipped += 1
                     continue
+                (d / DONE).unlink(missing_ok=True)  # another stamp's: this run is not finished until it says so
                 live[r.name] = (r, _start(r, out, base, env, log), time.time(), lock)
                 log(f"started {r.name}")
             time.sleep(1.0)
@@ -366,7 +394,7 @@ def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[
                 if proc.poll() is None:
                     continue
                 del live[name]
-                m = _finish(r, out, proc.returncode, time.time() - t0)
+                m = _finish(r, out, proc.returncode, time.time() - t0, marks[name])
                 lock.close()
                 if m is None:
                     failed.append(name)
@@ -377,7 +405,7 @@ def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[
     finally:  # Ctrl-C, a kill, or an error of the sweep's own: the runs it started stop with it
         _stop([proc for _, proc, _, _ in live.values()])
         for r, proc, t0, lock in live.values():  # one that ended before the interrupt was seen is done all the same
-            _finish(r, out, proc.returncode, time.time() - t0)
+            _finish(r, out, proc.returncode, time.time() - t0, marks[r.name])
             lock.close()
     log(f"{done} run{'s' * (done != 1)} finished, {skipped} already done, {len(failed)} failed"
         + (f", {elsewhere} left to another sweep in this folder" if elsewhere else "")
