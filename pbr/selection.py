@@ -46,7 +46,7 @@ def walk_order(scores: torch.Tensor, order: str, generator: torch.Generator, pow
         # Weighted random order (Efraimidis & Spirakis' A-Res keys u^(1/w), compared as
         # log(u) / w): sample i comes before j with odds w_i : w_j. w = the score (uncertain
         # samples first in priority), or its distance below the task's largest score (certain
-        # first: Eq. 2's arg min, drawn with odds instead of strictly); never a top-k.
+        # first: Eq. 3's arg min, drawn with odds instead of strictly); never a top-k.
         w = scores.double().clamp_min(0)
         if order == "certain_weighted":
             w = w.max() - w

@@ -13,7 +13,7 @@ from stages.runtime.config import ConfigError, from_dict
 # tuned preset must train exactly these, or every earlier result would stop being comparable.
 SPELLED_OUT = {"tau1": 1.0, "buffer_order": "uncertain_weighted", "walk_candidate": "hold", "offset": "task",
                "mi_logits": "scaled", "kl_classes": "old"}
-# The paper as written (its Eq. MCE, Eq. 2, the walk's text, the MC equation, Eq. KL; lr of its protocol).
+# The paper as written (its Eq. MCE, Eq. 3, the walk's text, the MC equation, Eq. KL; lr of its protocol).
 PAPER = {"tau1": 0.1, "lr": 0.03, "buffer_order": "certain_first", "walk_candidate": "hold", "offset": "class",
          "mi_logits": "cosine", "kl_classes": "all"}
 

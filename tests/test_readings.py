@@ -254,7 +254,7 @@ def _before(order, i, j, n=4000, **kw):
 
 
 def test_certain_weighted_order_draws_with_the_odds_of_each_samples_certainty():
-    """Eq. 2's arg min drawn with odds: certainty = the task's largest MI minus the sample's. With
+    """Eq. 3's arg min drawn with odds: certainty = the task's largest MI minus the sample's. With
     A-Res keys, i precedes j with probability w_i / (w_i + w_j): MI 0, 0.5, 1 give certainties 1,
     0.5, 0, so sample 0 precedes sample 1 two times in three, and sample 2 (certainty 0) is last."""
     scores = torch.tensor([0.0, 0.5, 1.0])

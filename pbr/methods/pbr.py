@@ -108,7 +108,7 @@ class PBR(ContinualMethod):
     # tuned: tau1 1 (the MC equation's logit scale 10 instead of the CE's 100), lr 0.1, the per-task
     # offset, the MI-weighted order; every one chosen on the selection seeds 0-9.
     # paper: Eq. MCE's tau1 0.1, the one lr 0.03 of the paper's protocol, s_i as the running count
-    # of each old class, Eq. 2's arg min (the most certain first), the KL's softmaxes over every
+    # of each old class, Eq. 3's arg min (the most certain first), the KL's softmaxes over every
     # class seen, the text's held candidate, and the MC equation's softmax(w^T f / tau1) (no s).
     PRESETS: dict[str, dict[str, Any]] = {
         "tuned": {"lr": 0.1, "tau1": 1.0, "buffer_order": "uncertain_weighted", "walk_candidate": "hold",
