@@ -86,6 +86,12 @@ BAD = [
                                r"'method.der.alpha' or 'method.derpp.alpha' or 'method.pbr.alpha'"),
     ({"method": {"der": {"tau1": 1}}}, r"unknown key 'method.der.tau1'; allowed in 'method.der': alpha$"),
     ({"method": {"name": "er", "buffer_size": 0}}, r"method.buffer_size = 0 leaves er without a replay buffer"),
+    # Herding keeps capacity // classes seen a class: below a slot a class, iCaRL's memory emptied
+    # and it crashed at the task where that happened (hours in on CIFAR-100 at buffer 50).
+    ({"method": {"name": "icarl", "buffer_size": 9}}, r"method.buffer_size = 9 is too small for icarl on cifar10's 10 "
+                                                      r"classes in 5 tasks: its memory needs a slot per class .* at least 10$"),
+    ({"method": {"name": "hal", "buffer_size": 4, "hal": {"hal_memory": "ring"}}},
+     r"method.buffer_size = 4 is too small for hal .* a slot per task \(a ring per task\); use at least 5$"),
     ({"train": {"device": "tpu"}}, r"train.device = 'tpu' .* auto \| cpu \| cuda"),
     ({"model": {"width": -1}}, r"model.width = -1"),
     ({"seed": "x"}, r"seed = 'x'"),

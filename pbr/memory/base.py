@@ -61,6 +61,12 @@ class Memory:
         self.learner = learner
         self.seen = 0  # stream samples offered to the policy (Mammoth's num_seen_examples)
 
+    @classmethod
+    def least_capacity(cls, n_classes: int, n_tasks: int) -> tuple[int, str]:
+        """The smallest capacity the policy keeps something of every part of the stream with, and what
+        it needs that for."""
+        return 1, "a slot"
+
     def begin_task(self, task: int) -> None:
         """Before the task's first batch."""
 

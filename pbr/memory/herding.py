@@ -10,6 +10,10 @@ from pbr.selection import herding
 
 
 class ClassHerding(Memory):
+    @classmethod
+    def least_capacity(cls, n_classes: int, n_tasks: int) -> tuple[int, str]:
+        return n_classes, "a slot per class (each class keeps capacity // classes seen)"
+
     def end_task(self, end: TaskEnd) -> None:
         """capacity // classes seen samples per class: each old class keeps its first ones (its
         herding order), each of the task's classes gets its herding choice among its samples in

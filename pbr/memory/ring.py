@@ -10,6 +10,10 @@ from pbr.memory.base import Memory
 
 
 class TaskRing(Memory):
+    @classmethod
+    def least_capacity(cls, n_classes: int, n_tasks: int) -> tuple[int, str]:
+        return n_tasks, "a slot per task (a ring per task)"
+
     def __init__(self, buffer, generator, learner=None) -> None:
         super().__init__(buffer, generator, learner)
         self.per = buffer.capacity // len(learner.ctx.task_classes)

@@ -153,6 +153,12 @@ class ContinualMethod:
         self.correct = torch.zeros((), dtype=torch.int64, device=ctx.device)
 
     @classmethod
+    def least_buffer(cls, n_classes: int, n_tasks: int, settings: dict[str, Any]) -> tuple[int, str]:
+        """The smallest buffer_size this method's memory (under these settings) works with on a stream
+        of n_classes in n_tasks, and what for: refused before training, not found out tasks later."""
+        return cls.memory.least_capacity(n_classes, n_tasks) if cls.memory is not None else (0, "")
+
+    @classmethod
     def resolve(cls, key: str, value: Any, dataset: str, buffer_size: int) -> tuple[Any, str]:
         """A setting's value with "auto" replaced by this method's own, and where that came from."""
         if value != "auto":

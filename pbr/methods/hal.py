@@ -100,6 +100,12 @@ class HAL(ContinualMethod):
         self.anchors: torch.Tensor | None = None  # [classes so far, C, H, W], normalised input space
         self.phi: torch.Tensor | None = None
 
+    @classmethod
+    def least_buffer(cls, n_classes: int, n_tasks: int, settings: dict[str, Any]) -> tuple[int, str]:
+        if settings.get("hal_memory") == "ring":
+            return TaskRing.least_capacity(n_classes, n_tasks)
+        return super().least_buffer(n_classes, n_tasks, settings)
+
     def make_policy(self, buffer):
         if self.opts.hal_memory == "ring":
             return TaskRing(buffer, self.ctx.generator, self)

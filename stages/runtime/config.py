@@ -308,6 +308,13 @@ def _cross_checks(cfg: Config, source: str) -> None:
         raise ConfigError(f"{source}: method.buffer_size = {cfg.method.buffer_size} leaves {cfg.method.name} "
                           f"without a replay buffer; use a size >= 1 (200 or 500 in the paper)")
     n_classes, n_tasks = cfg.n_classes, cfg.data.n_tasks
+    method = METHODS[cfg.method.name]
+    own = getattr(cfg.method, cfg.method.name, None)
+    least, why = method.least_buffer(n_classes, n_tasks, dataclasses.asdict(own) if dataclasses.is_dataclass(own) else {})
+    if method.uses_buffer and cfg.method.buffer_size < least:
+        raise ConfigError(f"{source}: method.buffer_size = {cfg.method.buffer_size} is too small for "
+                          f"{cfg.method.name} on {cfg.data.dataset}'s {n_classes} classes in {n_tasks} tasks: its "
+                          f"memory needs {why}; use at least {least}")
     epochs = cfg.train.epochs
     if isinstance(epochs, tuple) and len(epochs) != n_tasks:
         raise ConfigError(f"{source}: train.epochs = {list(epochs)} has {len(epochs)} entries but data.n_tasks = "
