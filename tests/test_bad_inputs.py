@@ -624,3 +624,35 @@ def test_a_killed_trainings_run_is_joined_only_by_the_same_training(tmp_path, tr
         assert [(r.info.status, steps(r)) for r in runs] == [("FINISHED", [0, 1, 2, 3, 4])]
     else:
         assert [(r.info.status, steps(r)) for r in runs] == [("FINISHED", [0, 1, 2, 3, 4]), ("KILLED", [0, 1])]
+
+
+@pytest.mark.parametrize("stage", ["score", "evaluate"])
+def test_score_or_evaluate_before_training_is_refused_before_its_mlflow_run(tmp_path, prepared, pbr, stage):
+    """Prepared data and no training: one line, and no FAILED run in the store (the missing model was
+    found inside the stage's run, which then recorded a failure and made a store for it)."""
+    repo = _copy(prepared, tmp_path / "repo")
+    _one_line_error(pbr(repo, stage), "artifacts/train/accuracy.json is missing: training has not finished",
+                    "dvc repro train")
+    assert not (repo / "mlflow.db").exists()
+
+
+def test_an_accuracy_record_without_its_parts_is_one_line(tmp_path, trained, pbr):
+    """Valid JSON that is no finished run's record (an older run's file, a hand edit): a KeyError
+    traceback from deep in evaluate."""
+    repo = _copy_trained(trained, tmp_path / "repo")
+    (repo / "artifacts/train/accuracy.json").write_text("{}")
+    _one_line_error(pbr(repo, "evaluate"), "accuracy.json is not a finished run's record (it lacks settings, "
+                                           "class_il, task_il)", "dvc repro train")
+
+
+def test_an_empty_experiment_name_is_the_default_one(tmp_path, prepared, pbr_main):
+    """MLFLOW_EXPERIMENT_NAME set but empty (`export MLFLOW_EXPERIMENT_NAME=` in a script): every
+    stage failed with an AttributeError traceback from MLflow."""
+    repo = _copy_trained(prepared, tmp_path / "repo")
+    db = repo / "mlflow.db"
+    r = pbr_main("prepare", cwd=repo, env={"MLFLOW_TRACKING_URI": f"sqlite:///{db}", "MLFLOW_EXPERIMENT_NAME": ""})
+    assert r.returncode == 0, r.stderr[-2000:]
+    import sqlite3
+
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT e.name FROM runs r JOIN experiments e ON r.experiment_id = e.experiment_id").fetchall() == [("pbr",)]

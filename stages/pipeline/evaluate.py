@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 
-from pbr.errors import UserError
 from pbr.metrics import minority_tasks, scenario_metrics
 from stages.pipeline.trained import (  # noqa: F401 (check: asked by the CLI before the stage's run begins)
-    TASK_FIX, check, check_trained, keeps_buffer, let_the_resume_store_go, saved_run_tags)
+    TASK_FIX, check, check_trained, finished_summary, keeps_buffer, let_the_resume_store_go, saved_run_tags)
 from stages.runtime import artifacts, faults, paths, plots
 
 
@@ -71,10 +70,7 @@ def run(cfg, log=print, tracker=None) -> dict:
     from pbr.data.shards import load_manifest
     from pbr.methods import METHODS
 
-    acc_path = paths.TRAIN / "accuracy.json"
-    if not acc_path.is_file():
-        raise UserError(f"{acc_path} is missing: training has not finished; run `dvc repro train`")
-    summary = artifacts.read_json(acc_path, "run `dvc repro train`, or restore it with `dvc checkout artifacts/train`")
+    summary = finished_summary()
     manifest = load_manifest(paths.PREPARED)
     check_trained(cfg, manifest)
     let_the_resume_store_go()  # here too: offline sweeps and `dvc repro evaluate` start no scoring

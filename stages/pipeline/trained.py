@@ -64,12 +64,32 @@ def check_trained(cfg, manifest: dict) -> None:
 
 
 def check(cfg) -> None:
-    """What score and evaluate refuse before they start: no prepared data, or a trained run the params
-    file (or the prepared data) no longer describes."""
+    """What score and evaluate refuse before they start (and their MLflow run with it): no prepared
+    data, no finished training, or a trained run the params file (or the prepared data) no longer
+    describes."""
     from pbr.data.shards import load_manifest
     from stages.runtime import paths
 
-    check_trained(cfg, load_manifest(paths.PREPARED))
+    manifest = load_manifest(paths.PREPARED)
+    finished_summary()
+    check_trained(cfg, manifest)
+
+
+def finished_summary() -> dict:
+    """artifacts/train/accuracy.json, the record training writes last: missing, training has not
+    finished; without its parts, it is not a finished run's (one line either way)."""
+    from pbr.errors import UserError
+    from stages.runtime import paths
+
+    path = paths.TRAIN / "accuracy.json"
+    if not path.is_file():
+        raise UserError(f"{path} is missing: training has not finished; run `dvc repro train` (or pbr train)")
+    summary = artifacts.read_json(path, "run `dvc repro train`, or restore it with `dvc checkout artifacts/train`")
+    lacking = [k for k in ("settings", "class_il", "task_il") if not isinstance(summary.get(k), dict)]
+    if lacking or "method" not in summary["settings"] or any("matrix" not in summary[k] for k in ("class_il", "task_il")):
+        raise UserError(f"{path} is not a finished run's record (it lacks {', '.join(lacking) or 'its matrices'}); "
+                        "run `dvc repro train`, or restore it with `dvc checkout artifacts/train`")
+    return summary
 
 
 def refuse_other_data(record: dict, manifest: dict) -> None:

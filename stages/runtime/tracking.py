@@ -127,7 +127,8 @@ def recording_uri(cwd: Path | None = None) -> str:
 
 
 def experiment_name() -> str:
-    return os.environ.get("MLFLOW_EXPERIMENT_NAME", EXPERIMENT)
+    """$MLFLOW_EXPERIMENT_NAME, else pbr (also when it is set empty: MLflow has no experiment '')."""
+    return os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip() or EXPERIMENT
 
 
 def _git(*args: str) -> str:
