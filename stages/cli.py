@@ -362,6 +362,13 @@ def main() -> None:
             signal.signal(sig, handler)
 
 
+def _out_of_memory(e: BaseException) -> bool:
+    """The host's or a GPU's memory ran out (torch says so in its message; no torch import here)."""
+    text = str(e)
+    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in text or "out of memory" in text.lower())
+
+
 def _main() -> None:
     try:
         app()
@@ -375,6 +382,13 @@ def _main() -> None:
     except FileNotFoundError as e:
         print(f"error: {e.filename or e} is missing; a pipeline file: `dvc checkout` restores it, `dvc repro` "
               "rebuilds it", file=sys.stderr)
+        sys.exit(2)
+    except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        if not _out_of_memory(e):
+            raise
+        print("error: out of memory while it ran (" + " ".join(str(e).split())[:120] + "); lower train.batch_size, "
+              "train.replay_batch_size, train.eval_batch_size or model.width (on a GPU, or wait for the other "
+              "processes on it); what finished is kept, and the same command resumes", file=sys.stderr)
         sys.exit(2)
     except OSError as e:  # unwritable output folder, full disk, ...: name the file, no traceback
         where = f"{e.filename}: " if e.filename else ""

@@ -656,3 +656,29 @@ def test_an_empty_experiment_name_is_the_default_one(tmp_path, prepared, pbr_mai
 
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT e.name FROM runs r JOIN experiments e ON r.experiment_id = e.experiment_id").fetchall() == [("pbr",)]
+
+
+@pytest.mark.parametrize("error", [
+    "torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB')",
+    # What a CPU run raised under a memory limit (width 256, batch 512, ulimit -v 6 GB), checked by hand.
+    "RuntimeError('[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can\\'t allocate memory: "
+    "you tried to allocate 55574528 bytes')",
+])
+def test_running_out_of_memory_mid_run_is_one_line(tmp_path, prepared, pbr, monkeypatch, error):
+    """Only building the network was guarded: memory running out in training or scoring (a larger
+    batch, a GPU others fill) printed torch's traceback."""
+    import torch
+
+    from stages.pipeline import train
+
+    def out_of_memory(*a, **k):
+        raise eval(error, {"torch": torch})
+
+    monkeypatch.setattr(train, "run", out_of_memory)
+    repo = _copy(prepared, tmp_path / "repo")
+    _one_line_error(pbr(repo, "train"), "error: out of memory while it ran (", "lower train.batch_size",
+                    "the same command resumes")
+    # Any other RuntimeError is the bug it is: a traceback, not a tidy line that hides it.
+    monkeypatch.setattr(train, "run", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        pbr(repo, "train")
