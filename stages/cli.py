@@ -362,6 +362,21 @@ def main() -> None:
             signal.signal(sig, handler)
 
 
+def _pipeline_file(name) -> bool:
+    """A path under the pipeline's outputs (data/, artifacts/, reports/ of the repository)."""
+    if not name:
+        return False
+    from stages.runtime.paths import anchor
+
+    root, path = anchor(), Path(os.fsdecode(name))
+    path = path if path.is_absolute() else Path.cwd() / path
+    try:
+        first = path.resolve().relative_to(root).parts[:1]
+    except ValueError:
+        return False
+    return first in (("data",), ("artifacts",), ("reports",))
+
+
 def _out_of_memory(e: BaseException) -> bool:
     """The host's or a GPU's memory ran out (torch says so in its message; no torch import here)."""
     text = str(e)
@@ -380,8 +395,12 @@ def _main() -> None:
         print("error: " + " ".join(line.strip() for line in str(e).splitlines()), file=sys.stderr)
         sys.exit(2)
     except FileNotFoundError as e:
-        print(f"error: {e.filename or e} is missing; a pipeline file: `dvc checkout` restores it, `dvc repro` "
-              "rebuilds it", file=sys.stderr)
+        if _pipeline_file(e.filename):
+            print(f"error: {e.filename} is missing; a pipeline file: `dvc checkout` restores it, `dvc repro` "
+                  "rebuilds it", file=sys.stderr)
+        else:  # a store, a folder given on the command line: no DVC output, its parent is what is missing
+            print(f"error: {e.filename or e}: no such file or folder; check the path (and that its folder "
+                  "exists)", file=sys.stderr)
         sys.exit(2)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if not _out_of_memory(e):

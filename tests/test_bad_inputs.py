@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import fakedata
+from conftest import ROOT
 from project import tree_bytes
 from stages.runtime.config import Config, ConfigError, from_dict
 
@@ -22,7 +23,7 @@ INVALID = {
     "data.n_tasks": [0, 3, 2.5, "5"],
     "data.seed": [True, "a", -1],
     "data.subset": ["lt-cil", "random", 0],
-    "data.shard_mb": [0, -1, "big"],
+    "data.shard_mb": [0, -1, "big", 1e305],  # 1e305: an OverflowError sizing the shards
     "method.name": ["nosuch", 1],
     "method.buffer_size": [-5, 2.5, "200"],
     "train.epochs": [0, 1.5, [], [5, 0, 5, 5, 5], [5, 5], "5"],
@@ -40,7 +41,7 @@ INVALID = {
     "model.scale": [0, -1],
     "model.dropout": [1.0, -0.1, "x"],
     "score.dropout": [1.0, -0.5, "x"],
-    "score.temperature": [0, "x"],
+    "score.temperature": [0, "x", 1e-300],  # 1e-300: logits / T overflow, the MI NaN
     "score.mc_samples": [1, 0, 2.5, "many"],
 }
 
@@ -682,3 +683,12 @@ def test_running_out_of_memory_mid_run_is_one_line(tmp_path, prepared, pbr, monk
     monkeypatch.setattr(train, "run", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
     with pytest.raises(RuntimeError, match="shape mismatch"):
         pbr(repo, "train")
+
+
+def test_a_path_outside_the_pipeline_that_cannot_be_made_is_no_pipeline_file(tmp_path, pbr_main):
+    """A missing path of the user's (an --offline folder, a store's folder) was said to be a pipeline
+    file for `dvc checkout` to restore."""
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    line = _one_line_error(pbr_main("sweep", "table1", "--seeds", "1", "--offline", "/proc/pbr-nowhere", cwd=tmp_path),
+                           "/proc/pbr-nowhere: no such file or folder; check the path")
+    assert "dvc" not in line

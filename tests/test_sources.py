@@ -68,6 +68,16 @@ def test_missing_data_says_where_it_looked(tmp_path):
         load_raw("cifar10", tmp_path, download=False)
 
 
+@pytest.mark.parametrize("download", [False, True])
+def test_a_broken_link_to_the_archive_says_it_is_broken(tmp_path, download):
+    """The set-up the docs give (ln -s the shared archive into data/raw) after the archive moved: the
+    message said no data was there, naming the link, or a download was tried over it."""
+    (tmp_path / "cifar-10-python.tar.gz").symlink_to(tmp_path / "moved" / "cifar-10-python.tar.gz")
+    with pytest.raises(DataError, match=r"cifar-10-python.tar.gz is a link to .*moved/cifar-10-python.tar.gz, which "
+                                        r"does not exist; link the archive again"):
+        load_raw("cifar10", tmp_path, download=download)
+
+
 def test_the_archive_given_as_the_root_names_its_folder(tmp_path):
     archive = tmp_path / "cifar-10-python.tar.gz"
     archive.write_bytes(b"")

@@ -374,3 +374,17 @@ def test_a_queued_sweep_of_another_params_file_is_refused(tmp_path, pbr_main):
         "error: --params mine.yaml: queued DVC runs take the repository's params.yaml; sweep mine.yaml with --offline DIR")
     r = pbr_main("sweep", "table1", "--seeds", "1", "--params", "params.yaml", "--dry-run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("4294967296", "at most 10000 seeds a cell, each below 2**32"),  # was a MemoryError building range(2**32)
+    ("0-4294967295", "at most 10000 seeds a cell"),
+    ("4294967296-4294967296", "each below 2**32"),  # params.yaml refuses such a seed; said before planning
+    ("3-1", "a range A-B with A <= B"),
+    ("1,1", "a list A,B,C of distinct seeds"),
+    ("2,x", "give N (seeds 0..N-1, N >= 1)"),
+])
+def test_bad_seeds_are_one_line_errors(text, msg):
+    with pytest.raises(UserError, match=f"^--seeds {text}: .*" + re.escape(msg)):
+        sweep.parse_seeds(text)
+    assert sweep.parse_seeds("0,4294967295") == [0, 4294967295] and len(sweep.parse_seeds("10000")) == 10000

@@ -331,6 +331,10 @@ def check_raw(dataset: str, root: str | Path, download: bool = False) -> None:
     if root.is_file():  # the archive itself given: the candidates below would be names inside a file
         raise DataError(f"data.root {root} is a file; point data.root at the folder that holds it ({root.parent})")
     cands = _candidates(dataset, root)
+    broken = [p for p in cands if p.is_symlink() and not p.exists()]
+    if broken and not any(p.exists() for p in cands):  # a link to an archive moved or on an unmounted disk
+        raise DataError(f"{broken[0]} is a link to {os.readlink(broken[0])}, which does not exist; link the "
+                        f"archive again (ln -sf /path/to/{broken[0].name} {broken[0].parent}/)")
     if not download and not any(p.exists() for p in cands):
         looked = " or ".join(str(p) for p in cands)
         raise DataError(

@@ -4,11 +4,12 @@ step; the policy is pbr/memory/prs.py."""
 from __future__ import annotations
 
 from pbr.memory.prs import PartitioningReservoir
-from pbr.methods.base import Setting, non_negative
+from pbr.methods.base import Setting
 from pbr.methods.label_counts import LabelCountReplay
 
 RHO = Setting("rho", float, 0.0, "PRS's power of allocation: class shares proportional to n_c^rho "
-              "(0: equal shares, 1: as the stream)", non_negative, "a number >= 0")
+              "(0: equal shares, 1: as the stream)", lambda v: 0 <= v <= 50, "a number in [0, 50] (n_c^rho "
+              "overflows a float beyond)")
 
 
 class PRS(LabelCountReplay):

@@ -296,19 +296,28 @@ def _name(grid: str, o: dict[str, Any], seed: int, extra: dict[str, Any]) -> str
     return "-".join(parts)
 
 
+MAX_SEEDS = 10_000
+
+
 def parse_seeds(text: str) -> list[int]:
     """`--seeds`: N (seeds 0..N-1), A-B (A..B, both included) or a list A,B,C."""
     t = text.strip()
     try:
         if "-" in t:
             a, b = (int(x) for x in t.split("-", 1))
-            seeds = list(range(a, b + 1))
+            listed = None
         elif "," in t:
-            seeds = [int(x) for x in t.split(",")]
+            listed = [int(x) for x in t.split(",")]
+            a, b = min(listed), max(listed)
         else:
-            seeds = list(range(int(t)))
+            a, b, listed = 0, int(t) - 1, None
     except ValueError:
-        seeds = []
+        a, b, listed = 0, -1, None
+    # A seed is below 2**32 (params.yaml's rule); more than MAX_SEEDS a cell is a typo, not a sweep
+    # (and its list would fill the memory before anything said so).
+    if b >= 2**32 or (len(listed) if listed is not None else b - a + 1) > MAX_SEEDS:
+        raise UserError(f"--seeds {text}: at most {MAX_SEEDS} seeds a cell, each below 2**32")
+    seeds = listed if listed is not None else list(range(a, b + 1))
     if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
         raise UserError(f"--seeds {text}: give N (seeds 0..N-1, N >= 1), a range A-B with A <= B, or a list "
                         "A,B,C of distinct seeds >= 0")

@@ -50,7 +50,8 @@ class DataConfig:
     # Which images a class keeps: seeded (drawn from data.seed) | ldam (LDAM-DRW's and LT-CIL's
     # code: the exact images they train on).
     subset: Literal["seeded", "ldam"] = "seeded"
-    shard_mb: float = _key(_positive, "a positive number of megabytes per parquet shard", default=64.0)
+    shard_mb: float = _key(lambda v: 0 < v <= 2**20, "a number of megabytes per parquet shard in (0, 1048576]",
+                           default=64.0)
 
 
 # Keys added after runs and prepared data were recorded, with what one that lacks the key ran with
@@ -173,7 +174,8 @@ class ScoreConfig:
     # MC dropout needs a dropout rate: "auto" uses the trained one, or 0.1 for a net trained without.
     dropout: float | Auto = _key(lambda v: 0 < v < 1, "a number in (0, 1) or auto", default="auto")
     # softmax temperature of the MC probabilities: "auto" = the trained run's own (its method answers).
-    temperature: float | Auto = _key(_positive, "a positive number or auto", default="auto")
+    # Below 1e-6 logits / T overflow float32 to inf, and the MI is NaN.
+    temperature: float | Auto = _key(lambda v: v >= 1e-6, "a number >= 1e-6 or auto", default="auto")
     # T, the MC-dropout passes: "auto" = the trained run's own T where its method scores while
     # training (PBR's method.pbr.mc_samples), else 20. One sample's mutual information is always 0.
     mc_samples: int | Auto = _key(lambda v: v >= 2, "an integer >= 2 or auto", default="auto")
