@@ -751,3 +751,20 @@ def test_a_confirmations_seeds_averaged_with_others_are_pointed_out():
             "100-109 (docs/preregistration.md); those alone: `pbr report --seeds 100-109`") in text
     assert "ER, buffer 200, Seq-CIFAR-10-LT (5 tasks): seeds" not in text  # ER ran the fresh seeds only
     assert report.seed_text(["5", "0", "1", "2", "200", "201", "7"]) == "0-2, 5, 7, 200-201"
+
+
+def test_output_paths_of_the_wrong_kind_are_refused_before_anything_is_written(env, tmp_path):
+    """--figures naming a file was found after the CSV was rewritten; --csv naming a folder failed
+    naming a temporary file that no longer existed."""
+    (tmp_path / "old.csv").write_text("old")
+    (tmp_path / "notes.md").write_text("mine")
+    with pytest.raises(UserError, match=r"^--figures .*notes.md: a file is there; give a folder's path$"):
+        report.run(csv_path=tmp_path / "old.csv", figures_dir=tmp_path / "notes.md")
+    assert (tmp_path / "old.csv").read_text() == "old"
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(UserError, match=r"^--csv .*folder: a folder is there; give a file's path$"):
+        report.run(csv_path=tmp_path / "folder")
+    from stages.runtime import artifacts
+
+    with pytest.raises(UserError, match=r"folder is a folder; give a file's path$"):
+        artifacts.write_text(tmp_path / "folder", "x")

@@ -853,6 +853,12 @@ def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, m
     read as current). Prints nothing."""
     if metric not in METRICS:
         raise UserError(f"--metric {metric}: not one of {', '.join(METRICS)}")
+    # Checked before anything is written: a bad --figures found after the CSV left the outputs half new.
+    for option, path, folder in (("--csv", csv_path, False), ("--markdown", markdown_path, False),
+                                 ("--figures", figures_dir, True)):
+        if path is not None and Path(path).exists() and Path(path).is_dir() != folder:
+            raise UserError(f"{option} {path}: {'a file' if folder else 'a folder'} is there; give a "
+                            f"{'folder' if folder else 'file'}'s path")
     uri = tracking_uri or _default_uri()
     runs = collect_runs(uri, experiment)
     if runs and seeds is not None:

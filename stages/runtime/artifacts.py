@@ -22,6 +22,8 @@ def _writable_parent(path: Path) -> None:
 
 def write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
+    if path.is_dir():  # os.replace would fail naming the temporary file
+        raise UserError(f"{path} is a folder; give a file's path")
     _writable_parent(path)
     clean_stale(path)  # a killed writer's temporary file (git would list it, `git add` take it)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
