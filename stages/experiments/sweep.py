@@ -522,7 +522,10 @@ def existing(repo, log=print) -> set[str]:
     for task in q.status():
         if task.get("status") == "Queued" and task.get("name"):
             names.add(task["name"])
-    running = list(q._iter_active_tasks())  # (celery result, queue entry) of each unfinished task
+    try:
+        running = list(q._iter_active_tasks())  # (celery result, queue entry) of each unfinished task
+    except AttributeError:  # a DVC without it (private API): trust its listing, as before
+        return names | {t["name"] for t in q.status() if t.get("status") == "Running" and t.get("name")}
     if running:
         # Every worker answers within the timeout while it lives (its control thread is apart from
         # the run it executes); no answer at all means no worker.
