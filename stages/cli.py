@@ -192,6 +192,10 @@ def sweep(
     if dry_run:
         typer.echo("\n".join(r.command() for r in runs))
         typer.echo(f"{len(runs)} run{'s' * (len(runs) != 1)}", err=True)
+        try:  # what the real call would refuse, said now
+            stage.refuse_edited_params(params)
+        except UserError as e:
+            typer.echo(f"warning: the sweep itself would stop here: {e}", err=True)
         return
     stage.refuse_edited_params(params)
     if offline is None and share == "mps":

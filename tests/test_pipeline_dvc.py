@@ -111,6 +111,25 @@ def test_tracking_anchors_to_the_repository_from_a_queue_workspace(tmp_path, mon
         assert tracking.tracking_uri(ws) == want
 
 
+def test_a_command_in_a_subfolder_reads_the_repositorys_store(tmp_path, monkeypatch):
+    """`pbr report` (or `pbr ui`) from docs/ read a new, empty store there: "no finished runs"."""
+    from stages.runtime import tracking
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    repo = tmp_path / "repo"
+    (repo / ".dvc").mkdir(parents=True)
+    (repo / "dvc.yaml").write_text("stages: {}\n")
+    (repo / "docs" / "figures").mkdir(parents=True)
+    assert tracking.tracking_uri(repo / "docs" / "figures") == f"sqlite:///{repo / 'mlflow.db'}"
+    assert tracking.offline_uri(repo / "docs") == f"sqlite:///{repo / 'mlflow-offline' / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///runs/team.db")
+    assert tracking.tracking_uri(repo / "docs") == f"sqlite:///{repo / 'runs' / 'team.db'}"
+    # Outside a DVC project, the folder it runs in (a bare folder of params.yaml, as the tests use).
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    (tmp_path / "bare").mkdir()
+    assert tracking.tracking_uri(tmp_path / "bare") == f"sqlite:///{tmp_path / 'bare' / 'mlflow.db'}"
+
+
 def test_dvc_lock_hashes_only_while_the_lock_describes_the_params_of_this_run(finished, tmp_path, monkeypatch):
     """`pbr train` then `pbr evaluate` by hand after an edit of params.yaml, or of the code: dvc.lock
     still names the earlier run's models, and evaluate linked the new run to them. Under DVC (which

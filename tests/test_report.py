@@ -319,7 +319,7 @@ def test_cli(env, tmp_path, pbr_main):
     # --seeds: those seeds' runs only, said in the title; none of them: said so
     r = pbr_main("report", "--seeds", "0-1", "--no-log", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": env})
     assert r.returncode == 0 and "| 200 | PBR | 51.00 ± 1.41 (n=2) [paper 51.00]" in r.stdout
-    assert "their mean; seeds 0-1 only)" in r.stdout.splitlines()[0]
+    assert "runs of differing settings; seeds 0-1 only)" in r.stdout.splitlines()[0]
     r = pbr_main("report", "--seeds", "7-9", "--no-log", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": env})
     assert r.returncode == 0 and r.stdout.startswith("No finished pipeline runs of seeds 7-9 in MLflow experiment")
     r = pbr_main("report", "--seeds", "3-1", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": env})

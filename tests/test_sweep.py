@@ -307,6 +307,10 @@ def test_a_sweep_refuses_params_edited_since_the_commit(tmp_path, pbr_main):
     r = pbr_main("sweep", "table5", "--seeds", "1", "--offline", str(tmp_path / "o"), cwd=tmp_path)
     assert r.returncode == 2 and "params.yaml differs from the commit in model.width, train.epochs" in r.stderr
     assert "git checkout params.yaml" in r.stderr and not (tmp_path / "o").exists()
+    # --dry-run plans, and says what the real call would refuse (it listed the runs as if all were well)
+    r = pbr_main("sweep", "table5", "--seeds", "1", "--dry-run", cwd=tmp_path)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 8
+    assert "warning: the sweep itself would stop here: params.yaml differs from the commit in model.width" in r.stderr
     # where the data lies on this machine is no setting of a run: the sweep goes on
     params = yaml.safe_load(PARAMS.read_text())
     params["data"].update(root="/elsewhere/raw", download=False)

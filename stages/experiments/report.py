@@ -566,8 +566,8 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
     what = {"acc": "final average accuracy", "bwt": "backward transfer",
             "forgetting": "forgetting"}[metric]
     only = "" if seeds is None else f"; seeds {seed_text(seeds)} only"
-    out = [f"# {metric.upper()} (%, {what}): mean ± std over seeds (n = seeds; a seed with several runs counts "
-           f"once, their mean{only})"]
+    out = [f"# {metric.upper()} (%, {what}): mean ± std over seeds (n = seeds; a seed counts once: its newest "
+           f"run, or the mean of its runs of differing settings{only})"]
     if metric == "acc":
         out.append("[paper X] is the published number (mean of 5 runs); "
                    "[paper X, N tasks] where the paper used another number of tasks.")

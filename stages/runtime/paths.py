@@ -34,6 +34,17 @@ def anchor(cwd: Path | None = None) -> Path:
     return p
 
 
+def repo_root(cwd: Path | None = None) -> Path:
+    """anchor(cwd), or the nearest folder above it that holds a DVC project (dvc.yaml beside .dvc/):
+    a command the user runs from a subfolder (`pbr report` in docs/) reads the repository's MLflow
+    store, not a new empty one there."""
+    p = anchor(cwd)
+    for q in (p, *p.parents):
+        if (q / "dvc.yaml").is_file() and (q / ".dvc").is_dir():
+            return q
+    return p
+
+
 def from_repo(path: str | Path, cwd: Path | None = None) -> Path:
     """A user path from params.yaml: relative ones are relative to the repository root."""
     path = Path(path).expanduser()

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from pbr.errors import UserError
-from stages.runtime.paths import anchor, from_repo
+from stages.runtime.paths import anchor, from_repo, repo_root
 
 EXPERIMENT = "pbr"
 OFFLINE_DIR = "mlflow-offline"  # at the repository root, beside mlflow.db
@@ -41,7 +41,7 @@ CONNECT_TIMEOUT_S = 2.0
 
 
 def offline_uri(cwd: Path | None = None) -> str:
-    return f"sqlite:///{anchor(cwd) / OFFLINE_DIR / 'mlflow.db'}"
+    return f"sqlite:///{repo_root(cwd) / OFFLINE_DIR / 'mlflow.db'}"
 
 
 def _remote(uri: str) -> bool:
@@ -59,8 +59,8 @@ def tracking_uri(cwd: Path | None = None) -> str:
         # A relative sqlite path (MLflow's own example, sqlite:///mlflow.db) from the repository root,
         # as a journal: folder is: a `dvc queue` worker runs in a copy under .dvc/tmp/exps that DVC
         # deletes, and every queued run went into a store there.
-        return f"sqlite:///{anchor(cwd) / rest}"
-    return uri or f"sqlite:///{anchor(cwd) / 'mlflow.db'}"
+        return f"sqlite:///{repo_root(cwd) / rest}"
+    return uri or f"sqlite:///{repo_root(cwd) / 'mlflow.db'}"
 
 
 _UNREACHABLE: dict[tuple[str, int], str | None] = {}  # (host, port) -> why it cannot be reached
@@ -119,8 +119,8 @@ def recording_uri(cwd: Path | None = None) -> str:
     offline = offline_uri(cwd)
     if uri not in _ANNOUNCED:
         _ANNOUNCED.add(uri)
-        folder = anchor(cwd) / OFFLINE_DIR
-        where = OFFLINE_DIR if anchor(cwd) == Path.cwd().resolve() else str(folder)
+        folder = repo_root(cwd) / OFFLINE_DIR
+        where = OFFLINE_DIR if repo_root(cwd) == Path.cwd().resolve() else str(folder)
         print(f"MLflow server {uri} is unreachable ({why}): recording to the offline store {folder} instead; "
               f"copy its runs to the server later with `pbr import {where}`", file=sys.stderr, flush=True)
     return offline
