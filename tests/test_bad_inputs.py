@@ -472,7 +472,11 @@ def test_evaluate_lets_the_trained_runs_resume_store_go_and_tasks_without_run_js
 _STALE = [("data.imbalance_ratio", 0.5, "data/prepared was built with data.imbalance_ratio = 0.1 but the params file says 0.5"),
           ("data.dataset", "cifar100", "data/prepared was built with data.dataset = 'cifar10' but the params file says "
                                        "'cifar100'"),
-          ("model.width", 8, "artifacts/train was trained with model.width = 4 but the params file says 8")]
+          ("model.width", 8, "artifacts/train was trained with model.width = 4 but the params file says 8"),
+          # auto in the run, a value today that auto did not resolve to: the run's tags said resolved.lr, its
+          # param the new value, and the report read the param.
+          ("train.lr", 0.0123, "artifacts/train was trained with train.lr = auto, which it resolved to 0.1, but the "
+                               "params file says 0.0123")]
 
 
 # Train trains again with other training params: only a data key reaches it.
@@ -692,3 +696,19 @@ def test_a_path_outside_the_pipeline_that_cannot_be_made_is_no_pipeline_file(tmp
     line = _one_line_error(pbr_main("sweep", "table1", "--seeds", "1", "--offline", "/proc/pbr-nowhere", cwd=tmp_path),
                            "/proc/pbr-nowhere: no such file or folder; check the path")
     assert "dvc" not in line
+
+
+def test_an_explicit_value_that_auto_resolved_to_is_the_same_run(tmp_path, trained):
+    """Writing out what the run's auto resolved to (lr 0.1 for ER here) changes nothing: accepted."""
+    import json
+
+    import yaml
+
+    from stages.pipeline.trained import refuse_other_params
+    from stages.runtime.config import from_dict
+
+    record = json.loads((trained / "artifacts/train/run.json").read_text())
+    assert record["params"]["train.lr"] == "auto" and record["settings"]["lr"] == 0.1
+    params = yaml.safe_load((trained / "params.yaml").read_text())
+    params["train"]["lr"] = 0.1
+    refuse_other_params(from_dict(params), record)

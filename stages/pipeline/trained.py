@@ -45,10 +45,29 @@ def refuse_other_params(cfg, record: dict) -> None:
     then, now = record.get("params"), trained_params(cfg)
     if then is None:
         return
+    resolved = record.get("settings", {})
     for key in sorted(set(then) | set(now)):
-        if then.get(key) != now.get(key) and "auto" not in (then.get(key), now.get(key)):
-            raise UserError(f"{paths.TRAIN} was trained with {key} = {then.get(key)!r} but the params file says "
-                            f"{now.get(key)!r}; run `dvc repro` (or pbr train, then the stages after it)")
+        was, says = then.get(key), now.get(key)
+        if was == says or says == "auto":  # today's auto reads as the run's own value (its resolved.* tags)
+            continue
+        if was == "auto":
+            # An explicit value where the run had auto: the same only if auto resolved to it (the
+            # run's tags say resolved.lr 0.1; a param lr 0.05 beside them would be the report's row).
+            got = resolved.get(key.split(".")[-1], None)
+            if got is None or _same(got, says):
+                continue
+            raise UserError(f"{paths.TRAIN} was trained with {key} = auto, which it resolved to {got!r}, but the "
+                            f"params file says {says!r}; run `dvc repro` (or pbr train, then the stages after it)")
+        raise UserError(f"{paths.TRAIN} was trained with {key} = {was!r} but the params file says "
+                        f"{says!r}; run `dvc repro` (or pbr train, then the stages after it)")
+
+
+def _same(a, b) -> bool:
+    """A resolved value and a params value alike (0.1 and "0.1", 50 and 50.0)."""
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return str(a) == str(b)
 
 
 def check_trained(cfg, manifest: dict) -> None:
