@@ -712,3 +712,30 @@ def test_an_explicit_value_that_auto_resolved_to_is_the_same_run(tmp_path, train
     params = yaml.safe_load((trained / "params.yaml").read_text())
     params["train"]["lr"] = 0.1
     refuse_other_params(from_dict(params), record)
+
+
+def test_a_run_resumed_on_another_thread_count_says_so_and_keeps_its_commit(tmp_path, trained, pbr):
+    """A thread count moves a CPU run's results, and `train.threads: auto` follows the machine's load:
+    a run resumed on another count kept only the last count, and read as a run of it alone."""
+    import json
+
+    import yaml
+
+    repo = _copy_trained(trained, tmp_path / "repo")
+    record = json.loads((repo / "artifacts/train/run.json").read_text())
+    first = record["threads_by_task"][0]
+    record["git"] = {"git.commit": "abc1234", "git.dirty": "false"}  # the commit that trained tasks 1-3
+    (repo / "artifacts/train/run.json").write_text(json.dumps(record))
+    for k in (3, 4):
+        shutil.rmtree(repo / f"artifacts/train/task_{k:02d}")
+    (repo / "artifacts/train/accuracy.json").unlink()
+    other = 3 if first != 3 else 2
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"]["threads"] = other
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    r = pbr(repo, "train")
+    assert r.returncode == 0 and "resuming after task 3 of 5" in r.stdout, r.stderr[-2000:]
+    after = json.loads((repo / "artifacts/train/run.json").read_text())
+    assert after["threads_by_task"] == [first] * 3 + [other] * 2
+    assert after["threads"] == ",".join(map(str, after["threads_by_task"]))
+    assert after["git"] == {"git.commit": "abc1234", "git.dirty": "false"}

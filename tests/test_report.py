@@ -674,6 +674,10 @@ def test_a_run_without_a_seed_is_left_out_and_auto_threads_are_what_the_run_had(
            for t, (n, acc) in enumerate(((16, 50.0), (4, 52.0)))]
     (g,), _ = report.group_runs(gpu)
     assert [r.run_id for r in g.runs] == ["g4"] and g.by_seed("class_il", "acc") == {"0": 52.0}
+    # A run resumed on another count (an explicit train.threads changed between tries) is no run of
+    # either count: its tasks' counts are its setting.
+    mixed = report.pin_auto({**p, "seed": "0", "train.threads": "1"}, {"pbr.threads": "2,2,2,1,1"})
+    assert mixed["train.threads"] == "2,2,2,1,1"
 
 
 def test_hals_ring_reads_the_reservoirs_rule_as_its_reservoir_does():

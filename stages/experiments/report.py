@@ -353,9 +353,11 @@ def pin_auto(params: dict[str, str], tags: dict[str, str]) -> dict[str, str]:
     so that a run from before a default changed is not read with today's default."""
     out = dict(params)
     # How many threads an auto run had, where they move its results (a CPU's last digits); on a GPU
-    # the count follows how many runs shared the machine, and changes nothing.
-    if params.get("train.threads") == "auto" and tags.get("pbr.threads") and tags.get("pbr.device", "cpu") == "cpu":
-        out["train.threads"] = tags["pbr.threads"]
+    # the count follows how many runs shared the machine, and changes nothing. A run resumed on
+    # another count has each task's ("2,2,2,1,1"), whatever its param says now.
+    had = tags.get("pbr.threads") or ""
+    if (params.get("train.threads") == "auto" or "," in had) and had and tags.get("pbr.device", "cpu") == "cpu":
+        out["train.threads"] = had
     for key, value in params.items():
         if value == "auto" and (key.startswith("method.") or key in ("train.lr", "train.precision", "train.channels_last",
                                                                      "model.head", "model.dropout")):

@@ -226,16 +226,26 @@ def _keep_or_start_over(out: Path, fp: str, n_tasks: int, log) -> None:
 
 
 def _record_run(out: Path, fp: str, s: RunSettings, device, n_threads: int, n_tasks: int, tracker,
-                cfg: Config) -> None:
-    """run.json and the MLflow tags: the resolved settings, where each came from, the machine."""
+                cfg: Config, start: int = 0) -> None:
+    """run.json and the MLflow tags: the resolved settings, where each came from, the machine, the
+    commit that trained it."""
     # threads and GPU sharing are recorded, not fingerprinted: a run resumed with other threads goes
-    # on (results may differ in the last digits, as any change of thread count does on a CPU).
+    # on (a thread count moves a CPU run's digits, so finished tasks are not thrown away for it). Each
+    # task's count is kept: a run whose tasks trained on different counts says so ("2,2,2,1,1"), and
+    # is no run of either count in the report.
     from pbr.data.shards import manifest_hash
+    from stages.runtime.tracking import git_state
 
+    before = (artifacts.read_json(out / "run.json") if start and (out / "run.json").is_file() else {})
+    per_task = list(before.get("threads_by_task") or [before.get("threads", n_threads)] * n_tasks)[:start]
+    per_task += [n_threads] * (n_tasks - start)
+    threads = per_task[0] if len(set(per_task)) == 1 else ",".join(map(str, per_task))
+    trained_by = (before.get("git") or git_state()) if start else git_state()  # a resumed run keeps its first
     data = manifest_hash(paths.PREPARED)
     record = {"fingerprint": fp, "settings": s.values, "sources": s.sources, "device": str(device),
-              "gpu_sharing": mps.sharing(device), "threads": n_threads, "n_tasks": n_tasks,
-              "params": trained_params(cfg), "code_sha256": code_hash(), "data_manifest": data}
+              "gpu_sharing": mps.sharing(device), "threads": threads, "threads_by_task": per_task,
+              "n_tasks": n_tasks, "params": trained_params(cfg), "code_sha256": code_hash(), "data_manifest": data,
+              "git": trained_by}
     if tracker is not None:
         tracker.set_tags({"pbr.data_manifest": data, **trained_tags(record)})
     artifacts.write_text(out / "run.json", json.dumps(record, indent=1))
@@ -315,7 +325,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         # with the commit and params the same) or tasks now trained again: its records stay its own.
         tracker.start_over()
         logged = 0
-    _record_run(out, fp, s, device, n_threads, n_tasks, tracker, cfg)
+    _record_run(out, fp, s, device, n_threads, n_tasks, tracker, cfg, start)
     train_sets, test_sets = _load_tasks(manifest, device)
     if s["compile"]:
         # The network's forward (and backward): state_dict keys stay the same; copies (the teacher) run eager.
