@@ -410,7 +410,7 @@ def test_a_done_run_under_other_params_or_training_code_runs_again(tmp_path, mon
     assert sweep([Run("r0", {"seed": 0, "train.batch_size": 16})]) == (1, 0, []) and started == ["r0", "r0"]
     assert "r0: finished under other params or training code; run again" in said
     # Another training code: likewise.
-    monkeypatch.setattr("stages.pipeline.train.code_hash", lambda root=None: "edited")
+    monkeypatch.setattr("stages.runtime.paths.code_hash", lambda root=None: "edited")
     assert sweep([Run("r0", {"seed": 0, "train.batch_size": 16})]) == (1, 0, []) and len(started) == 3
     # A DONE from before stamps existed counts as done: nothing says it is stale.
     done = out / "runs/r0/DONE"

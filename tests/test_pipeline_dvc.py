@@ -147,5 +147,16 @@ def test_dvc_lock_hashes_only_while_the_lock_describes_the_params_of_this_run(fi
     edited = tmp_path / "params.yaml"
     edited.write_text(yaml.safe_dump(params))
     assert dvc_lock_hashes(finished / "dvc.lock", edited) == {}
+    # `pbr train` by hand after a code edit (params the same), then `dvc repro -s evaluate`: the lock
+    # still names the earlier models; the folder's run.json is not the one DVC's listing of it holds.
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(finished, copy, symlinks=True)
+    assert dvc_lock_hashes(copy / "dvc.lock", copy / "params.yaml") == want
+    run_json = copy / "artifacts/train/run.json"
+    run_json.unlink()  # a link into the cache, maybe: write a new file, not through it
+    run_json.write_text((finished / "artifacts/train/run.json").read_text().replace('"fingerprint": "', '"fingerprint": "0'))
+    assert dvc_lock_hashes(copy / "dvc.lock", copy / "params.yaml") == {}
     monkeypatch.delenv("DVC_STAGE")  # by hand: the code may have changed since DVC's run, params or not
     assert dvc_lock_hashes(finished / "dvc.lock", finished / "params.yaml") == {}

@@ -345,8 +345,10 @@ def test_a_queued_sweep_checks_its_data_before_queueing(tmp_path, pbr_main):
 def test_s_on_a_key_the_grid_sets_run_by_run_is_refused(grid, extra, msg):
     with pytest.raises(UserError, match=msg):
         _plan(grid, extra=extra)
-    # A key every run of the grid has alike (fidelity's dataset) or none sets stays -S's.
+    # A key every run of the grid has alike (fidelity's dataset) or none sets stays -S's, and so does one
+    # the runs --only picks have alike (the GPU benchmark's rows and tau1).
     assert len(_plan("fidelity", extra={"data.imbalance_ratio": 0.1, "train.epochs": 1})) == len(_plan("fidelity"))
+    assert len(_plan("fidelity", extra={"method.pbr.tau1": 0.5}, only={"row": ["pbr", "er-lr0.1"]})) == 2
 
 
 def test_only_picks_seeds_never_and_a_repeated_key_adds_values():

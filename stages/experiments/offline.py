@@ -284,7 +284,7 @@ def stamp(params: dict) -> str:
     that shapes the trained weights (the train stage's own fingerprint hashes the same code). Under
     another stamp the name is no longer that run: a committed edit of params.yaml (DVC's queue,
     which names runs per commit, runs them again too) or of the training code."""
-    from stages.pipeline.train import code_hash
+    from stages.runtime.paths import code_hash
     from stages.runtime.config import NOT_CONTENT
 
     content = {**params, "data": {k: v for k, v in params.get("data", {}).items() if k not in NOT_CONTENT}}

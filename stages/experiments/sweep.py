@@ -350,15 +350,16 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
     if not isinstance(base, dict):
         raise UserError(f"{params_file}: no parameters file here; run pbr sweep in the project's root")
     filters = {k: v if isinstance(v, list) else [v] for k, v in only.items()}
-    cells = list(GRIDS[grid](base))
-    _refuse_grid_keys(grid, cells, extra)
-    runs = []
-    for cell in cells:
+    picked = []
+    for cell in GRIDS[grid](base):
         o = {k: v for k, v in {**cell, **settings}.items() if not k.startswith("_")}
         # `row` picks a fidelity cell by its name (fid-ROW-sSEED): --only row=pbr,pbr-random
-        if any((str(cell.get("_row")) if k == "row" else _lookup(base, o, k)) not in vals
-               for k, vals in filters.items()):
-            continue
+        if not any((str(cell.get("_row")) if k == "row" else _lookup(base, o, k)) not in vals
+                   for k, vals in filters.items()):
+            picked.append((cell, o))
+    _refuse_grid_keys(grid, [cell for cell, _ in picked], extra)
+    runs = []
+    for cell, o in picked:
         n_tasks = _lookup(base, o, "data.n_tasks", params_file)
         if budget == "proxy" and "train.epochs" not in extra and n_tasks != 5:
             raise UserError(f"--budget proxy is defined for 5-task streams (Seq-CIFAR-10-LT); {grid} has a "
@@ -379,9 +380,9 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
 
 
 def _refuse_grid_keys(grid: str, cells: list[dict[str, Any]], extra: dict[str, Any]) -> None:
-    """-S on a key the grid sets run by run (table5's heads, table2's buffers, the fidelity rows'
-    readings) would give those runs one value under names that say otherwise, several names for one
-    run. --only picks the grid's runs by such a key."""
+    """-S on a key the picked runs of the grid set run by run (table5's heads, table2's buffers, the
+    fidelity rows' readings) would give those runs one value under names that say otherwise, several
+    names for one run. --only picks the grid's runs by such a key."""
     missing = object()
     for key in extra:
         values = {repr(c.get(key, missing)) for c in cells}

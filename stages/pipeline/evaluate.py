@@ -63,7 +63,49 @@ def dvc_lock_hashes(lock_path=paths.DVC_LOCK, params_path=paths.DVC_LOCK.with_na
         recorded = (st.get("params") or {}).get(params_path.name) or {}
         if any(now.get(key) != value for key, value in recorded.items()):
             return {}
-    return {f"dvc.md5.{o['path']}": o.get("md5", "") for st in stages for o in st["outs"]}
+    outs = [o for st in stages for o in st["outs"]]
+    if not all(_lock_names_the_workspace(o, lock_path.parent) for o in outs if o["path"] in reads):
+        return {}
+    return {f"dvc.md5.{o['path']}": o.get("md5", "") for o in outs}
+
+
+# The file each output rewrites whenever it is made again: its md5 in DVC's listing of the folder says
+# whether the folder there now is the one dvc.lock names.
+_MARKERS = {paths.PREPARED.as_posix(): "manifest.json", paths.TRAIN.as_posix(): "run.json"}
+
+
+def _lock_names_the_workspace(out: dict, root) -> bool:
+    """Whether the folder the lock entry `out` names is the one in the workspace: `pbr train` by hand
+    (the code edited, the params not), then `dvc repro -s evaluate`, left the lock naming the earlier
+    models, and the tag named models this run never read. Read from DVC's listing of the folder in
+    its cache; without one (no cache, another layout) nothing says so, and no tag is given."""
+    import hashlib
+    import json
+    import re
+    from pathlib import Path
+
+    md5 = str(out.get("md5", ""))
+    marker = _MARKERS.get(out["path"])
+    if not md5.endswith(".dir") or marker is None:
+        return False
+    root = Path(root)
+    caches = [root / ".dvc" / "cache"]
+    for conf in (root / ".dvc" / "config.local", root / ".dvc" / "config"):  # a cache moved with `dvc cache dir`
+        text = conf.read_text() if conf.is_file() else ""
+        section = re.search(r"^\[cache\]\s*\n((?:[ \t]+.*\n?)*)", text, re.M)
+        where = re.search(r"^\s*dir\s*=\s*(.+?)\s*$", section.group(1), re.M) if section else None
+        if where:
+            caches.insert(0, (conf.parent / where.group(1)).resolve())
+    for cache in caches:
+        for listing in (cache / "files" / "md5" / md5[:2] / md5[2:], cache / md5[:2] / md5[2:]):
+            if listing.is_file():
+                try:
+                    entries = {e["relpath"]: e["md5"] for e in json.loads(listing.read_text())}
+                except (ValueError, KeyError, TypeError):
+                    return False
+                here = Path(root) / out["path"] / marker
+                return here.is_file() and entries.get(marker) == hashlib.md5(here.read_bytes()).hexdigest()
+    return False
 
 
 def run(cfg, log=print, tracker=None) -> dict:

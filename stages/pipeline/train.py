@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pbr.errors import UserError
 from stages.runtime import artifacts, faults, mps, paths, resume, threads
+from stages.runtime.paths import code_hash  # noqa: F401 (the fingerprint's; tests patch it here)
 from stages.runtime.config import Config
 from stages.pipeline.run_settings import RunSettings, trained_tags
 from stages.pipeline.trained import TASK_FIX, build_method, keeps_buffer, trained_params
@@ -39,19 +40,6 @@ def settings(cfg: Config, device=None) -> RunSettings:
     """The run's settings, every "auto" resolved (precision and memory layout from `device`, by
     default train.device's), with where each value came from."""
     return RunSettings.resolve(cfg, device or resolve_device(cfg.train.device))
-
-
-def code_hash(root: Path | None = None) -> str:
-    """sha256 of the code that shapes the trained weights (paths.TRAIN_CODE, also the train stage's
-    DVC deps): an edit elsewhere (report, metrics, plots) keeps a finished or killed run."""
-    root = root or Path(__file__).resolve().parents[2]
-    h = hashlib.sha256()
-    for entry in paths.TRAIN_CODE:
-        p = root / entry
-        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
-            h.update(f.relative_to(root).as_posix().encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()
 
 
 def fingerprint(s: RunSettings, manifest: dict, device) -> str:

@@ -1,5 +1,6 @@
 """Where each stage reads and writes, relative to the project root (DVC declares the same paths)."""
 
+import hashlib
 from pathlib import Path
 
 PREPARED = Path("data/prepared")
@@ -49,3 +50,16 @@ def from_repo(path: str | Path, cwd: Path | None = None) -> Path:
     """A user path from params.yaml: relative ones are relative to the repository root."""
     path = Path(path).expanduser()
     return path if path.is_absolute() else anchor(cwd) / path
+
+
+def code_hash(root: Path | None = None) -> str:
+    """sha256 of the code that shapes the trained weights (paths.TRAIN_CODE, also the train stage's
+    DVC deps): an edit elsewhere (report, metrics, plots) keeps a finished or killed run."""
+    root = root or Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for entry in TRAIN_CODE:
+        p = root / entry
+        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
+            h.update(f.relative_to(root).as_posix().encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
