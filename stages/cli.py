@@ -71,11 +71,13 @@ def report(
     metric: str = typer.Option("acc", "--metric", help="Which metric fills the cells: acc | bwt | forgetting."),
     experiment: str = typer.Option(None, "--experiment",
                                    help="MLflow experiment to read (default: $MLFLOW_EXPERIMENT_NAME, else pbr)."),
-    csv: Path = typer.Option(Path("reports/report.csv"), "--csv", help="CSV to write (one row per group)."),
+    csv: Path = typer.Option(None, "--csv", help="CSV to write (one row per group; default: reports/report.csv of "
+                                                 "the repository)."),
     tracking_uri: str | None = typer.Option(
         None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite mlflow.db at the repository root)."),
     markdown: Path | None = typer.Option(None, "--markdown", help="Also write the tables to this file."),
-    figures: Path = typer.Option(Path("reports/report"), "--figures", help="Folder of the figures (one PNG per table)."),
+    figures: Path = typer.Option(None, "--figures", help="Folder of the figures (one PNG per table; default: "
+                                                         "reports/report of the repository)."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log the figures, CSV and tables to MLflow experiment "
                                                           "<experiment>-report (one run per report)."),
     seeds: str | None = typer.Option(None, "--seeds", help="Only the runs of these seeds: N (0..N-1), A-B or A,B,C "
@@ -88,6 +90,9 @@ def report(
     from stages.runtime.tracking import experiment_name
 
     exp = experiment or experiment_name()
+    # The defaults are the repository's, as its MLflow store is, also from a subfolder (docs/).
+    csv = csv if csv is not None else _in_repo(Path("reports/report.csv"))
+    figures = figures if figures is not None else _in_repo(Path("reports/report"))
     out = stage.run(tracking_uri=tracking_uri, experiment=exp, metric=metric, csv_path=csv,
                     markdown_path=markdown, figures_dir=figures, log_mlflow=log,
                     seeds=None if seeds is None else parse_seeds(seeds))
@@ -366,14 +371,24 @@ def main() -> None:
             signal.signal(sig, handler)
 
 
+def _in_repo(rel: Path) -> Path:
+    """`rel` in the repository a command runs in (stages.runtime.paths.repo_root): as given from its
+    root, absolute from a subfolder."""
+    from stages.runtime.paths import repo_root
+
+    root = repo_root()
+    return rel if root == Path.cwd().resolve() else root / rel
+
+
 def _pipeline_file(name) -> bool:
     """A path under the pipeline's outputs (data/, artifacts/, reports/ of the repository)."""
     if not name:
         return False
-    from stages.runtime.paths import anchor
-
-    root, path = anchor(), Path(os.fsdecode(name))
-    path = path if path.is_absolute() else Path.cwd() / path
+    # The workspace's root (a queued run's copy under .dvc/tmp/exps has its own dvc.yaml), else here.
+    here = Path.cwd().resolve()
+    root = next((d for d in (here, *here.parents) if (d / "dvc.yaml").is_file()), here)
+    path = Path(os.fsdecode(name))
+    path = path if path.is_absolute() else here / path
     try:
         first = path.resolve().relative_to(root).parts[:1]
     except ValueError:

@@ -714,7 +714,7 @@ def test_an_explicit_value_that_auto_resolved_to_is_the_same_run(tmp_path, train
     refuse_other_params(from_dict(params), record)
 
 
-def test_a_run_resumed_on_another_thread_count_says_so_and_keeps_its_commit(tmp_path, trained, pbr):
+def test_a_run_resumed_on_another_thread_count_says_so(tmp_path, trained, pbr):
     """A thread count moves a CPU run's results, and `train.threads: auto` follows the machine's load:
     a run resumed on another count kept only the last count, and read as a run of it alone."""
     import json
@@ -724,8 +724,6 @@ def test_a_run_resumed_on_another_thread_count_says_so_and_keeps_its_commit(tmp_
     repo = _copy_trained(trained, tmp_path / "repo")
     record = json.loads((repo / "artifacts/train/run.json").read_text())
     first = record["threads_by_task"][0]
-    record["git"] = {"git.commit": "abc1234", "git.dirty": "false"}  # the commit that trained tasks 1-3
-    (repo / "artifacts/train/run.json").write_text(json.dumps(record))
     for k in (3, 4):
         shutil.rmtree(repo / f"artifacts/train/task_{k:02d}")
     (repo / "artifacts/train/accuracy.json").unlink()
@@ -738,4 +736,21 @@ def test_a_run_resumed_on_another_thread_count_says_so_and_keeps_its_commit(tmp_
     after = json.loads((repo / "artifacts/train/run.json").read_text())
     assert after["threads_by_task"] == [first] * 3 + [other] * 2
     assert after["threads"] == ",".join(map(str, after["threads_by_task"]))
-    assert after["git"] == {"git.commit": "abc1234", "git.dirty": "false"}
+
+
+def test_a_setting_whose_auto_the_method_answers_later_is_not_refused_written_out():
+    """PBR's mc_dropout: auto stays "auto" in the resolved settings (the trained dropout, answered
+    when it scores): writing the value out (0.1) was refused as if the run had resolved 'auto'."""
+    import torch
+    import yaml
+
+    from stages.pipeline.run_settings import RunSettings
+    from stages.pipeline.trained import refuse_other_params, trained_params
+    from stages.runtime.config import from_dict
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    cfg = from_dict(params)
+    record = {"params": trained_params(cfg), "settings": RunSettings.resolve(cfg, torch.device("cpu")).values}
+    assert record["settings"]["mc_dropout"] == "auto"
+    params["method"]["pbr"]["mc_dropout"] = 0.1
+    refuse_other_params(from_dict(params), record)

@@ -12,12 +12,15 @@ from stages.experiments.report import RunRecord
 BASE = {"data.setting": "ordered", "data.imbalance_ratio": "0.01", "data.dataset": "cifar10", "data.n_tasks": "5",
         "method.buffer_size": "200", "model.width": "8", "train.epochs": "[4, 8, 16, 40, 80]",
         "method.reservoir": "first_epoch", "train.precision": "fp32", "train.lr": "auto", "train.threads": "1"}
-ROWS = {"pbr": ({"method.name": "pbr"}, [50, 52, 54]),
-        "pbr-reservoir": ({"method.name": "pbr", "method.pbr.sampling": "reservoir"}, [48, 48, 48]),
-        "pbr-random": ({"method.name": "pbr", "method.pbr.buffer_order": "random"}, [49, 51, 53]),
-        "er-lr0.03": ({"method.name": "er", "train.lr": "0.03"}, [40, 41, 42]),
-        "er-lr0.1": ({"method.name": "er", "train.lr": "0.1"}, [60, 61, 66]),
-        "pbr-literal": ({"method.name": "pbr", "method.pbr.preset": "paper"}, [50, 52, 54])}
+# The head and dropout as the report reads real runs' auto (pin_auto: the resolved.* tags): each
+# method's own, so ER's rows differ from PBR's in them as in their lr.
+PBR, ER = {"model.head": "cosine", "model.dropout": "0.1"}, {"model.head": "linear", "model.dropout": "0.0"}
+ROWS = {"pbr": ({"method.name": "pbr", **PBR}, [50, 52, 54]),
+        "pbr-reservoir": ({"method.name": "pbr", "method.pbr.sampling": "reservoir", **PBR}, [48, 48, 48]),
+        "pbr-random": ({"method.name": "pbr", "method.pbr.buffer_order": "random", **PBR}, [49, 51, 53]),
+        "er-lr0.03": ({"method.name": "er", "train.lr": "0.03", **ER}, [40, 41, 42]),
+        "er-lr0.1": ({"method.name": "er", "train.lr": "0.1", **ER}, [60, 61, 66]),
+        "pbr-literal": ({"method.name": "pbr", "method.pbr.preset": "paper", **PBR}, [50, 52, 54])}
 
 
 def _runs():

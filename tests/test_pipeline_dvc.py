@@ -154,9 +154,28 @@ def test_dvc_lock_hashes_only_while_the_lock_describes_the_params_of_this_run(fi
     copy = tmp_path / "copy"
     shutil.copytree(finished, copy, symlinks=True)
     assert dvc_lock_hashes(copy / "dvc.lock", copy / "params.yaml") == want
+    # A cache moved with `dvc cache dir --global` (a cluster's shared one): DVC's listing is read there.
+    shutil.move(copy / ".dvc" / "cache", tmp_path / "shared-cache")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))  # where DVC keeps its --global config
+    (tmp_path / "xdg" / "dvc").mkdir(parents=True)
+    (tmp_path / "xdg" / "dvc" / "config").write_text(f"[cache]\n    dir = {tmp_path / 'shared-cache'}\n")
+    assert dvc_lock_hashes(copy / "dvc.lock", copy / "params.yaml") == want
     run_json = copy / "artifacts/train/run.json"
     run_json.unlink()  # a link into the cache, maybe: write a new file, not through it
     run_json.write_text((finished / "artifacts/train/run.json").read_text().replace('"fingerprint": "', '"fingerprint": "0'))
     assert dvc_lock_hashes(copy / "dvc.lock", copy / "params.yaml") == {}
     monkeypatch.delenv("DVC_STAGE")  # by hand: the code may have changed since DVC's run, params or not
     assert dvc_lock_hashes(finished / "dvc.lock", finished / "params.yaml") == {}
+
+
+def test_a_missing_output_in_a_queued_runs_workspace_is_a_pipeline_file(tmp_path, monkeypatch):
+    """A queued run works in a copy under .dvc/tmp/exps with its own dvc.yaml: its data/ and
+    artifacts/ are pipeline files (`dvc checkout` restores them), not paths to check."""
+    from stages.cli import _pipeline_file
+
+    ws = tmp_path / "repo" / ".dvc" / "tmp" / "exps" / "tmpabc"
+    ws.mkdir(parents=True)
+    (ws / "dvc.yaml").write_text("stages: {}\n")
+    monkeypatch.chdir(ws)
+    assert _pipeline_file("data/prepared/manifest.json") and _pipeline_file(str(ws / "artifacts/train/run.json"))
+    assert not _pipeline_file("mlflow-offline/mlflow.db") and not _pipeline_file("/proc/x")

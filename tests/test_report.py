@@ -320,8 +320,11 @@ def test_cli(env, tmp_path, pbr_main):
     r = pbr_main("report", "--seeds", "0-1", "--no-log", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": env})
     assert r.returncode == 0 and "| 200 | PBR | 51.00 ± 1.41 (n=2) [paper 51.00]" in r.stdout
     assert "runs of differing settings; seeds 0-1 only)" in r.stdout.splitlines()[0]
+    full = (tmp_path / "reports" / "report.csv").read_text()
     r = pbr_main("report", "--seeds", "7-9", "--no-log", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": env})
     assert r.returncode == 0 and r.stdout.startswith("No finished pipeline runs of seeds 7-9 in MLflow experiment")
+    # The store has runs, none of those seeds: the last report's files stay (they were emptied).
+    assert (tmp_path / "reports" / "report.csv").read_text() == full
     r = pbr_main("report", "--seeds", "3-1", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": env})
     assert r.returncode == 2 and "--seeds 3-1: give N" in r.stderr and "Traceback" not in r.stderr
     # no store at all: the message, exit 0, and no mlflow.db created
@@ -772,3 +775,15 @@ def test_output_paths_of_the_wrong_kind_are_refused_before_anything_is_written(e
 
     with pytest.raises(UserError, match=r"folder is a folder; give a file's path$"):
         artifacts.write_text(tmp_path / "folder", "x")
+
+
+def test_from_a_subfolder_the_report_reads_and_writes_the_repositorys(env, tmp_path, pbr_main):
+    """`pbr report` in docs/ of a DVC project: the repository's store (tracking.tracking_uri) and its
+    reports/ folder, not a reports/ made in docs/."""
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    (tmp_path / "docs").mkdir()
+    r = pbr_main("report", "--no-log", cwd=tmp_path / "docs", env={"MLFLOW_TRACKING_URI": env})
+    assert r.returncode == 0 and "## ordered, IR 0.01" in r.stdout, r.stderr
+    assert (tmp_path / "reports" / "report.csv").is_file() and not (tmp_path / "docs" / "reports").exists()
+    assert f"wrote {tmp_path / 'reports' / 'report.csv'}" in r.stderr

@@ -128,9 +128,14 @@ def _keep_the_plans(runs_by_row: dict[str, list[report.RunRecord]],
     return kept, notes
 
 
+# What a row's method decides for itself: its lr (ER's rows set it), and the head and dropout its
+# `auto` resolves to (PBR's cosine head and dropout, ER's linear one without).
+ROW_OWN = ("train.lr", "model.head", "model.dropout")
+
+
 def _outside_the_row(r: report.RunRecord) -> dict[str, str]:
-    """What every row of a plan shares: the settings but the method's own and the lr (ER's rows)."""
-    return {k: v for k, v in report._signature(r.params) if not k.startswith("method.") and k != "train.lr"}
+    """What every row of a plan shares: the settings but the method's own."""
+    return {k: v for k, v in report._signature(r.params) if not k.startswith("method.") and k not in ROW_OWN}
 
 
 def cell_groups(groups: list[report.Group], plan: Plan = FIRST) -> dict[str, report.Group]:

@@ -863,8 +863,10 @@ def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, m
                             f"{'folder' if folder else 'file'}'s path")
     uri = tracking_uri or _default_uri()
     runs = collect_runs(uri, experiment)
+    filtered = False
     if runs and seeds is not None:
-        runs = [r for r in runs if r.params.get("seed") in {str(s) for s in seeds}]
+        kept = [r for r in runs if r.params.get("seed") in {str(s) for s in seeds}]
+        filtered, runs = not kept, kept
     groups, skipped = group_runs(runs or [])
     if not groups:
         text = no_runs_message(uri, experiment)
@@ -872,7 +874,9 @@ def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, m
             text = text.replace("No finished pipeline runs", f"No finished pipeline runs of seeds {seed_text(seeds)}")
         if skipped:
             text += f" ({len(skipped)} complete run(s) lack a seed or data.* / method.* params.)"
-        if runs is None:  # no such store or experiment (a typo, another store): leave the files alone
+        # No such store or experiment (a typo, another store), or no run of the seeds asked for (the
+        # store has runs: the last full report's files are still true): leave the files alone.
+        if runs is None or filtered:
             return Report(text + "\n", [])
         if csv_path is not None and Path(csv_path).is_file():
             write_csv([], Path(csv_path), metric)

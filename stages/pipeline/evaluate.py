@@ -81,7 +81,6 @@ def _lock_names_the_workspace(out: dict, root) -> bool:
     its cache; without one (no cache, another layout) nothing says so, and no tag is given."""
     import hashlib
     import json
-    import re
     from pathlib import Path
 
     md5 = str(out.get("md5", ""))
@@ -90,12 +89,14 @@ def _lock_names_the_workspace(out: dict, root) -> bool:
         return False
     root = Path(root)
     caches = [root / ".dvc" / "cache"]
-    for conf in (root / ".dvc" / "config.local", root / ".dvc" / "config"):  # a cache moved with `dvc cache dir`
-        text = conf.read_text() if conf.is_file() else ""
-        section = re.search(r"^\[cache\]\s*\n((?:[ \t]+.*\n?)*)", text, re.M)
-        where = re.search(r"^\s*dir\s*=\s*(.+?)\s*$", section.group(1), re.M) if section else None
-        if where:
-            caches.insert(0, (conf.parent / where.group(1)).resolve())
+    try:  # a cache moved with `dvc cache dir` (--local, the repository's, --global, --system): DVC's own reading
+        from dvc.config import Config
+
+        moved = Config(dvc_dir=str(root / ".dvc"))["cache"].get("dir")
+        if moved:
+            caches.insert(0, Path(moved))
+    except Exception:  # no DVC here, or a config it refuses: the default place only
+        pass
     for cache in caches:
         for listing in (cache / "files" / "md5" / md5[:2] / md5[2:], cache / md5[:2] / md5[2:]):
             if listing.is_file():

@@ -97,11 +97,9 @@ def trained_tags(record: dict[str, Any]) -> dict[str, Any]:
     """The MLflow tags of a trained run, from its run.json: where it ran and every value it resolved.
     The train stage sets them, and the evaluate stage again: a run split across two stores (its
     server back mid-pipeline) has them in the part `pbr report` counts, the one holding evaluate."""
-    git = record.get("git") or {}
     where = {"pbr.device": record.get("device"), "pbr.gpu_sharing": record.get("gpu_sharing"),
              "pbr.threads": record.get("threads"), "pbr.fingerprint": record.get("fingerprint"),
-             "pbr.code_sha256": record.get("code_sha256"), "pbr.data_manifest": record.get("data_manifest"),
-             # the commit that trained the models (a later stage's run may be another's: git.commit)
-             "pbr.train.git_commit": git.get("git.commit"), "pbr.train.git_dirty": git.get("git.dirty")}
+             # the training code and data (a later stage's run, made at another commit, says its own git.commit)
+             "pbr.code_sha256": record.get("code_sha256"), "pbr.data_manifest": record.get("data_manifest")}
     return {**{k: v for k, v in where.items() if v is not None},
             **RunSettings(record["settings"], record.get("sources", {})).tags()}

@@ -215,25 +215,23 @@ def _keep_or_start_over(out: Path, fp: str, n_tasks: int, log) -> None:
 
 def _record_run(out: Path, fp: str, s: RunSettings, device, n_threads: int, n_tasks: int, tracker,
                 cfg: Config, start: int = 0) -> None:
-    """run.json and the MLflow tags: the resolved settings, where each came from, the machine, the
-    commit that trained it."""
+    """run.json and the MLflow tags: the resolved settings, where each came from, the machine. No
+    commit: the outputs of one training are the same bytes at any commit (the code that shapes them
+    is named by its hash, code_sha256)."""
     # threads and GPU sharing are recorded, not fingerprinted: a run resumed with other threads goes
     # on (a thread count moves a CPU run's digits, so finished tasks are not thrown away for it). Each
     # task's count is kept: a run whose tasks trained on different counts says so ("2,2,2,1,1"), and
     # is no run of either count in the report.
     from pbr.data.shards import manifest_hash
-    from stages.runtime.tracking import git_state
 
     before = (artifacts.read_json(out / "run.json") if start and (out / "run.json").is_file() else {})
     per_task = list(before.get("threads_by_task") or [before.get("threads", n_threads)] * n_tasks)[:start]
     per_task += [n_threads] * (n_tasks - start)
     threads = per_task[0] if len(set(per_task)) == 1 else ",".join(map(str, per_task))
-    trained_by = (before.get("git") or git_state()) if start else git_state()  # a resumed run keeps its first
     data = manifest_hash(paths.PREPARED)
     record = {"fingerprint": fp, "settings": s.values, "sources": s.sources, "device": str(device),
               "gpu_sharing": mps.sharing(device), "threads": threads, "threads_by_task": per_task,
-              "n_tasks": n_tasks, "params": trained_params(cfg), "code_sha256": code_hash(), "data_manifest": data,
-              "git": trained_by}
+              "n_tasks": n_tasks, "params": trained_params(cfg), "code_sha256": code_hash(), "data_manifest": data}
     if tracker is not None:
         tracker.set_tags({"pbr.data_manifest": data, **trained_tags(record)})
     artifacts.write_text(out / "run.json", json.dumps(record, indent=1))

@@ -54,7 +54,7 @@ def refuse_other_params(cfg, record: dict) -> None:
             # An explicit value where the run had auto: the same only if auto resolved to it (the
             # run's tags say resolved.lr 0.1; a param lr 0.05 beside them would be the report's row).
             got = resolved.get(key.split(".")[-1], None)
-            if got is None or _same(got, says):
+            if got in (None, "auto") or _same(got, says):  # "auto" kept: the method answers later (mc_dropout)
                 continue
             raise UserError(f"{paths.TRAIN} was trained with {key} = auto, which it resolved to {got!r}, but the "
                             f"params file says {says!r}; run `dvc repro` (or pbr train, then the stages after it)")
