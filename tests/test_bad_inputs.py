@@ -754,3 +754,15 @@ def test_a_setting_whose_auto_the_method_answers_later_is_not_refused_written_ou
     assert record["settings"]["mc_dropout"] == "auto"
     params["method"]["pbr"]["mc_dropout"] = 0.1
     refuse_other_params(from_dict(params), record)
+
+
+@pytest.mark.parametrize("in_the_way", ["artifacts/score", "reports"])
+def test_score_refuses_an_output_it_cannot_write_before_scoring(tmp_path, trained, pbr, in_the_way):
+    """The score stage found an unwritable output folder only after scoring every task (minutes on
+    the real data), with its scores file rewritten beside the old reports."""
+    repo = _copy_trained(trained, tmp_path / "repo")
+    shutil.rmtree(repo / in_the_way, ignore_errors=True)
+    (repo / in_the_way).write_text("in the way")
+    r = pbr(repo, "score")
+    _one_line_error(r, in_the_way)
+    assert "scored task" not in r.stdout and not (repo / "mlflow.db").exists()

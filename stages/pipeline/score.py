@@ -16,11 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from stages.pipeline.trained import check  # noqa: F401 (asked by the CLI before the stage's run begins)
+from stages.pipeline import trained
 from stages.runtime import artifacts, faults, paths, plots, resume, threads
 
 COLUMNS = ("split", "index", "label", "task", "class_count", "mi", "entropy", "correct_own", "mi_final",
            "entropy_final", "correct_final")
+
+
+def check(cfg) -> None:
+    """What the stage refuses before it starts (asked by the CLI before its MLflow run begins): what
+    score and evaluate share (trained.check), and output folders it cannot write, found before the
+    scoring's minutes rather than after them."""
+    trained.check(cfg)
+    for folder in (paths.SCORE, paths.SCORE_REPORTS):
+        artifacts.writable_folder(folder)
 
 
 def _fingerprint(last, T, tau, batch_size, dropout, backbone, seed, device) -> str:

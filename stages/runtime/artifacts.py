@@ -20,6 +20,14 @@ def _writable_parent(path: Path) -> None:
         raise UserError(f"folder {parent} is not writable; fix its permissions")
 
 
+def writable_folder(folder: Path) -> None:
+    """`folder` made if missing and writable, else one line naming it (a file in its way, no permission)."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{folder} is a file where an output folder goes; move it away")
+    _writable_parent(folder / "x")
+
+
 def write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     if path.is_dir():  # os.replace would fail naming the temporary file
