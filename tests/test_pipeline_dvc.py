@@ -124,6 +124,13 @@ def test_a_command_in_a_subfolder_reads_the_repositorys_store(tmp_path, monkeypa
     assert tracking.offline_uri(repo / "docs") == f"sqlite:///{repo / 'mlflow-offline' / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///runs/team.db")
     assert tracking.tracking_uri(repo / "docs") == f"sqlite:///{repo / 'runs' / 'team.db'}"
+    # A bare word is no store: MLflow read it as its retired file store, its message cut mid-word.
+    from pbr.errors import UserError
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "garbage")
+    with pytest.raises(UserError, match=r"^MLFLOW_TRACKING_URI=garbage: not a store this project opens; give "
+                                        r"sqlite:///PATH.db"):
+        tracking.tracking_uri(repo)
     # Outside a DVC project, the folder it runs in (a bare folder of params.yaml, as the tests use).
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     (tmp_path / "bare").mkdir()

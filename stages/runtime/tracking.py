@@ -51,6 +51,13 @@ def _remote(uri: str) -> bool:
 def tracking_uri(cwd: Path | None = None) -> str:
     """The store named by the environment; see recording_uri for the one a stage records to."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if uri and "://" not in uri and uri.lower() != "offline" and not uri.startswith(("journal:", "file:", "databricks")):
+        # A bare word or path: MLflow reads it as its retired file store, with a message cut mid-word.
+        from pbr.errors import UserError
+
+        raise UserError(f"MLFLOW_TRACKING_URI={uri}: not a store this project opens; give sqlite:///PATH.db, "
+                        "http(s)://HOST:PORT (a server), journal:FOLDER (plain files), or unset it for the "
+                        "repository's mlflow.db")
     forced = os.environ.get("PBR_OFFLINE", "").strip().lower() in ("1", "true", "yes")
     if uri.lower() == "offline" or (forced and _remote(uri)):
         return offline_uri(cwd)
