@@ -14,6 +14,8 @@ from stages.runtime import artifacts
 # What to do about a missing or damaged file of a saved task (artifacts.read's one line).
 TASK_FIX = ("restore it with `dvc checkout artifacts/train`, or delete its task folder and run `dvc repro` "
             "(training resumes after the task before it)")
+# ... and of the run's own records (run.json, accuracy.json).
+RECORD_FIX = "run `dvc repro train`, or restore it with `dvc checkout artifacts/train`"
 
 
 def keeps_buffer(tasks: list[Path]) -> bool:
@@ -103,11 +105,11 @@ def finished_summary() -> dict:
     path = paths.TRAIN / "accuracy.json"
     if not path.is_file():
         raise UserError(f"{path} is missing: training has not finished; run `dvc repro train` (or pbr train)")
-    summary = artifacts.read_json(path, "run `dvc repro train`, or restore it with `dvc checkout artifacts/train`")
+    summary = artifacts.read_json(path, RECORD_FIX)
     lacking = [k for k in ("settings", "class_il", "task_il") if not isinstance(summary.get(k), dict)]
     if lacking or "method" not in summary["settings"] or any("matrix" not in summary[k] for k in ("class_il", "task_il")):
         raise UserError(f"{path} is not a finished run's record (it lacks {', '.join(lacking) or 'its matrices'}); "
-                        "run `dvc repro train`, or restore it with `dvc checkout artifacts/train`")
+                        + RECORD_FIX)
     return summary
 
 
@@ -134,7 +136,7 @@ def saved_run() -> dict | None:
     run = paths.TRAIN / "run.json"
     if not run.is_file():
         return None
-    return artifacts.read_json(run, "run `dvc repro train`, or restore it with `dvc checkout artifacts/train`")
+    return artifacts.read_json(run, RECORD_FIX)
 
 
 def saved_run_tags() -> dict:
