@@ -787,3 +787,25 @@ def test_from_a_subfolder_the_report_reads_and_writes_the_repositorys(env, tmp_p
     assert r.returncode == 0 and "## ordered, IR 0.01" in r.stdout, r.stderr
     assert (tmp_path / "reports" / "report.csv").is_file() and not (tmp_path / "docs" / "reports").exists()
     assert f"wrote {tmp_path / 'reports' / 'report.csv'}" in r.stderr
+
+
+def test_eval_batch_size_keeps_runs_apart_and_paper_lr_rows_show_the_paper():
+    """PBR's walk draws MC-dropout masks a batch at a time: two seed-0 runs at different
+    train.eval_batch_size are two runs (not a repeat, the older dropped). A row at the paper's lr
+    carries the paper's number in the markdown as in the CSV."""
+    p = {**BASE, "method.name": "pbr", "seed": "0"}
+    runs = [RunRecord("bs128", {**p, "train.eval_batch_size": "128"}, {"class_il.acc": 45.0}, 1),
+            RunRecord("bs256", {**p, "train.eval_batch_size": "256"}, {"class_il.acc": 41.0}, 2)]
+    (g,), _ = report.group_runs(runs)
+    assert sorted(r.run_id for r in g.runs) == ["bs128", "bs256"]
+    assert any("train.eval_batch_size (128, 256)" in n for n in g.notes)
+
+    er = {**BASE, "method.name": "er", "seed": "0"}
+    runs = [RunRecord("er", {**er, "train.lr": "0.1"}, {"class_il.acc": 40.0, "task_il.acc": 85.0}, 1),
+            RunRecord("er03", {**er, "train.lr": "0.03"}, {"class_il.acc": 35.0, "task_il.acc": 80.0}, 2)]
+    groups, _ = report.group_runs(runs)
+    assert {g.method for g in groups} == {"ER", "ER (lr 0.03)"}
+    text = report.render_markdown(groups, "acc", [])
+    paper = PAPER_RESULTS["ordered", 0.01, "cifar10", "ER", 200]
+    row = next(line for line in text.splitlines() if line.startswith("| 200 | ER (lr 0.03) |"))
+    assert f"{paper[0]:.2f}" in row and f"{paper[1]:.2f}" in row, row

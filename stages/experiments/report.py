@@ -91,8 +91,9 @@ def _reads(params: dict[str, str], key: str) -> bool:
 
 SETTINGS = ("ordered", "shuffled")
 # Params that do not change a run's results: runs differing only in these are not flagged.
-IGNORED_PARAMS = frozenset({"seed", "data.root", "data.download", "data.shard_mb", "train.device",
-                            "train.eval_batch_size"})
+# Not train.eval_batch_size: PBR's walk draws its MC-dropout masks a batch at a time, so its buffer
+# (and accuracy) depends on it.
+IGNORED_PARAMS = frozenset({"seed", "data.root", "data.download", "data.shard_mb", "train.device"})
 CSV_COLUMNS = ("budget", "setting", "imbalance_ratio", "dataset", "method", "buffer_size", "n_runs",
                "class_il_mean", "class_il_std", "task_il_mean", "task_il_std",
                "paper_class_il", "paper_task_il", "metric", "n_tasks", "paper_n_tasks", "device", "precision",
@@ -103,6 +104,17 @@ def _default_uri() -> str:
     from stages.runtime.tracking import tracking_uri
 
     return tracking_uri()
+
+
+def paper_numbers(setting: str, ir: float, dataset: str, label: str, buf: int | None) -> tuple[float | None, float | None]:
+    """The paper's (Class-IL, Task-IL) of a row, or Nones."""
+    from stages.experiments.paper_results import PAPER_RESULTS
+
+    at_paper_lr = f" (lr {PAPER_LR:g})"
+    if (setting, ir, dataset, label, buf) not in PAPER_RESULTS and label.endswith(at_paper_lr):
+        # "ER (lr 0.03)" is ER as the paper ran it (every method at 0.03): its number too.
+        label = label.removesuffix(at_paper_lr)
+    return PAPER_RESULTS.get((setting, ir, dataset, label, buf), (None, None))
 
 
 @dataclass(frozen=True)
@@ -198,14 +210,7 @@ class Group:
         return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0), len(v)
 
     def paper(self) -> tuple[float | None, float | None]:
-        from stages.experiments.paper_results import PAPER_RESULTS
-
-        key = (self.setting, self.imbalance_ratio, self.dataset, self.method, self.buffer_size)
-        at_paper_lr = f" (lr {PAPER_LR:g})"
-        if key not in PAPER_RESULTS and self.method.endswith(at_paper_lr):
-            # "ER (lr 0.03)" is ER as the paper ran it (every method at 0.03): its number too.
-            key = (*key[:3], self.method.removesuffix(at_paper_lr), key[4])
-        return PAPER_RESULTS.get(key, (None, None))
+        return paper_numbers(self.setting, self.imbalance_ratio, self.dataset, self.method, self.buffer_size)
 
     def paper_n_tasks(self) -> int | None:
         from stages.experiments.paper_results import PAPER_N_TASKS
@@ -563,7 +568,7 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
                     seeds: Iterable[int] | None = None) -> str:
     """One markdown table per (setting, IR); notes under each table. `seeds`: the runs were those
     of these seeds only (`--seeds`), which the title says."""
-    from stages.experiments.paper_results import PAPER_N_TASKS, PAPER_RESULTS
+    from stages.experiments.paper_results import PAPER_N_TASKS
 
     what = {"acc": "final average accuracy", "bwt": "backward transfer",
             "forgetting": "forgetting"}[metric]
@@ -593,7 +598,7 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
                 g = by_key.get((method, buf, device, precision, d, n))
                 # The paper's numbers sit beside the full protocol only: a cheaper budget is
                 # compared within its own table.
-                pc, pt = (PAPER_RESULTS.get((setting, ir, d, method, buf), (None, None))
+                pc, pt = (paper_numbers(setting, ir, d, method, buf)
                           if metric == "acc" and budget == "full protocol" else (None, None))
                 ptasks = PAPER_N_TASKS.get((setting, d))
                 line += [_cell(g, "class_il", metric, pc, ptasks, n),
