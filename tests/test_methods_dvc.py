@@ -130,3 +130,25 @@ def test_method_state_crosses_processes_after_sigkill_and_scores(tmp_path, finis
     assert done.info.status == "FINISHED" and done.data.tags["pbr.stage.train"] == "done"
     steps = sorted(m.step for m in records_to_files.get_metric_history(done.info.run_id, "class_il.seen_acc"))
     assert steps == [0, 1, 2, 3, 4]
+
+
+def test_joint_has_no_backward_transfer_or_forgetting(tmp_path, finished, monkeypatch):
+    """JOINT learns nothing before the last task: its earlier rows are an untrained network's, so a
+    BWT or forgetting read off them (42.5 on a plain matrix) would be a number that means nothing."""
+    import shutil
+
+    from stages.pipeline import evaluate, train
+    from stages.runtime.config import load_config
+
+    repo = copy_project(finished, tmp_path / "repo")
+    set_params(repo, method__name="joint", train__epochs=1)
+    shutil.rmtree(repo / "artifacts/train")
+    monkeypatch.chdir(repo)
+    cfg = load_config(repo / "params.yaml")
+    train.run(cfg, log=lambda *_: None)
+    said = []
+    evaluate.run(cfg, log=said.append)
+    metrics = json.loads((repo / "reports/metrics.json").read_text())
+    for scen in ("class_il", "task_il"):
+        assert {"acc", "minority_acc"} <= set(metrics[scen]) and not {"bwt", "forgetting"} & set(metrics[scen])
+    assert "BWT - forgetting -" in said[-1], said[-1]

@@ -295,6 +295,9 @@ class ContinualMethod:
     # it has a Class-IL prediction at all (PNN does not: the report prints "-").
     uses_task_identity: ClassVar[bool] = False
     class_il: ClassVar[bool] = True
+    # Whether it learns each task as it comes; False (JOINT: nothing until the last task): only the
+    # final accuracies mean anything, so it has no BWT or forgetting (the report prints "-").
+    learns_each_task: ClassVar[bool] = True
 
     def predict(self, x: torch.Tensor, task: int | None = None) -> torch.Tensor:
         """Class scores [B, n_classes] of normalised images: the prediction is their argmax over

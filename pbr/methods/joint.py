@@ -14,6 +14,7 @@ class Joint(ContinualMethod):
     name = "joint"
     role = "bound"
     label = "JOINT"
+    learns_each_task = False
 
     def task_data(self, task, seen):
         if task < len(self.ctx.task_classes) - 1:

@@ -129,12 +129,16 @@ def run(cfg, log=print, tracker=None) -> dict:
 
     # A method with no Class-IL prediction (PNN: one column per task, asked with the task's id) has
     # no Class-IL metrics: its matrix (the newest column's answers) stays in the CSV, the paper's "-".
-    modes = ("class_il", "task_il") if METHODS[summary["settings"]["method"]].class_il else ("task_il",)
+    method = METHODS[summary["settings"]["method"]]
+    modes = ("class_il", "task_il") if method.class_il else ("task_il",)
+    # Its earlier rows are an untrained network's (JOINT): no BWT or forgetting to read off them.
+    drop = set() if method.learns_each_task else {"bwt", "forgetting"}
     result = {"method": summary["settings"]["method"], "n_tasks": n_tasks, "minority_tasks": minority}
     for scen in ("class_il", "task_il"):
         m = summary[scen]["matrix"]
         if scen in modes:
-            result[scen] = {**scenario_metrics(m, minority), "final_per_task": m[-1]}
+            result[scen] = {**{k: v for k, v in scenario_metrics(m, minority).items() if k not in drop},
+                            "final_per_task": m[-1]}
         rows = [{"after_task": j, **{f"task_{i}": round(v, 4) for i, v in enumerate(r)}} for j, r in enumerate(m)]
         artifacts.write_csv(out / f"{scen}_matrix.csv", rows)
     curve = [{"after_task": j,
@@ -172,8 +176,11 @@ def run(cfg, log=print, tracker=None) -> dict:
             if f.suffix in (".csv", ".png"):
                 tracker.log_artifact(f, "evaluate")
         tracker.set_tags({**saved_run_tags(), **dvc_lock_hashes(), "pbr.complete": "true"})
-    c = result.get("class_il")
-    log((f"Class-IL ACC {c['acc']:.2f} BWT {c['bwt']:.2f} forgetting {c['forgetting']:.2f} minority "
-         f"{c['minority_acc']:.2f}" if c else "Class-IL - (no Class-IL prediction)") +
-        f" | Task-IL ACC {result['task_il']['acc']:.2f} BWT {result['task_il']['bwt']:.2f}")
+    def f(scen: str, key: str) -> str:
+        v = result[scen].get(key)
+        return "-" if v is None else f"{v:.2f}"
+
+    log((f"Class-IL ACC {f('class_il', 'acc')} BWT {f('class_il', 'bwt')} forgetting {f('class_il', 'forgetting')} "
+         f"minority {f('class_il', 'minority_acc')}" if "class_il" in result else "Class-IL - (no Class-IL prediction)") +
+        f" | Task-IL ACC {f('task_il', 'acc')} BWT {f('task_il', 'bwt')}")
     return result
