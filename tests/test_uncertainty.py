@@ -154,7 +154,7 @@ def test_the_score_stage_summaries_by_hand(tmp_path, monkeypatch):
             "task": np.array([0, 0, 0, 0, 0, 0, 0]), "mi": np.array([0.4, 0.1, 0.3, 0.9, 0.2, 0.6, 5.0]),
             "entropy": np.zeros(7), "correct_own": np.array([t, t, t, f, f, f, t]),
             "forgotten": np.array([t, f, f, f, f, f, t])}
-    manifest = {"train_counts": [4, 2], "class_order": [0, 1], "class_names": ["a", "b"]}
+    manifest = {"train_counts": [4, 2], "class_order": [0, 1], "class_names": ["a", "b"], "n_tasks": 2}
     s = score._summaries(data, manifest, None)
     # class 0: three learned, one of them forgotten; class 1: none learned
     rows = list(csv.DictReader((tmp_path / "reports/score/by_class.csv").open()))
@@ -169,3 +169,27 @@ def test_the_score_stage_summaries_by_hand(tmp_path, monkeypatch):
     data["correct_own"][:] = False
     s = score._summaries(data, manifest, None)
     assert math.isnan(s["score.forgotten_rate"]) and math.isnan(s["score.mi_kept"])
+
+
+def test_the_last_tasks_samples_are_neither_forgotten_nor_kept(tmp_path, monkeypatch):
+    """The last task's own model is the final model: its samples cannot be forgotten, so they count
+    in neither group (counted as kept, the tail's MI pulled the kept mean up and the rate down)."""
+    import csv
+
+    import numpy as np
+
+    from stages.pipeline import score
+
+    monkeypatch.chdir(tmp_path)
+    t, f = True, False
+    # task 0 (class 0): four learned, two forgotten; task 1 (class 1, the last): four learned
+    data = {"split": np.array(["train"] * 8), "label": np.array([0, 0, 0, 0, 1, 1, 1, 1]),
+            "task": np.array([0, 0, 0, 0, 1, 1, 1, 1]),
+            "mi": np.array([0.5, 0.5, 0.1, 0.1, 0.9, 0.9, 0.9, 0.9]), "entropy": np.zeros(8),
+            "correct_own": np.full(8, True), "forgotten": np.array([t, t, f, f, f, f, f, f])}
+    manifest = {"train_counts": [4, 4], "class_order": [0, 1], "class_names": ["a", "b"], "n_tasks": 2}
+    s = score._summaries(data, manifest, None)
+    assert s["score.forgotten_rate"] == pytest.approx(0.5)  # 2 of task 0's 4, not 2 of 8
+    assert s["score.mi_forgotten"] == pytest.approx(0.5) and s["score.mi_kept"] == pytest.approx(0.1)
+    rows = list(csv.DictReader((tmp_path / "reports/score/by_class.csv").open()))
+    assert float(rows[0]["forgotten_rate"]) == pytest.approx(0.5) and math.isnan(float(rows[1]["forgotten_rate"]))
