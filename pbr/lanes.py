@@ -74,6 +74,13 @@ class Lanes(nn.Module):
         shapes = {tuple((k, tuple(v.shape)) for k, v in n.state_dict().items()) for n in nets}
         if len(kinds) > 1 or len(shapes) > 1:
             raise ValueError("every lane's network must have the same class and parameter shapes")
+        for i, n in enumerate(nets[1:], 1):
+            # The lanes run lane 0's module with their own tensors: its scale, dropout rate or eps
+            # would silently be every lane's, and stacking would promote a mix of dtypes.
+            differs = settings_differ(nets[0], n) or _tensors_differ(nets[0], n)
+            if differs:
+                raise ValueError(f"lane {i}'s network differs from lane 0's in {differs}: lanes of other "
+                                 "settings belong in other jobs")
         if compute_dtype not in (None, torch.float32, torch.bfloat16):  # fp16 would need loss scaling
             raise ValueError(f"compute_dtype must be None, float32 or bfloat16, got {compute_dtype}")
         params, buffers = torch.func.stack_module_state(list(nets))
@@ -162,6 +169,10 @@ class Lanes(nn.Module):
             raise ValueError(f"lane state_dict does not fit: missing {sorted(missing)[:3]}, "
                              f"unexpected {sorted(extra)[:3]}")
         flat = dict(zip(self.param_names, self.stacked)) | self._stacked_buffers()
+        for n in self.state_names:
+            if tuple(state[n].shape) != tuple(flat[n].shape[1:]):
+                raise ValueError(f"lane {i}'s state {n!r} is {list(state[n].shape)}, the lanes hold "
+                                 f"{list(flat[n].shape[1:])}: a network of another shape (another width or class count)")
         with torch.no_grad():
             for n in self.state_names:
                 flat[n][i].copy_(state[n])
@@ -203,3 +214,23 @@ def augment(raw: torch.Tensor, generators: Sequence[torch.Generator], mean: Sequ
     dy, dx, flip = (torch.cat(d) for d in zip(*draws))
     out = crop_flip(raw.flatten(0, 1), dy, dx, flip, padding)
     return normalize(out, mean, std).view(*raw.shape[:2], *out.shape[1:])
+
+
+def settings_differ(a: nn.Module, b: nn.Module) -> str | None:
+    """The first plain (non-tensor) attribute in which two networks' modules differ (a head's scale, a
+    dropout rate, BatchNorm's eps), or None."""
+    plain = (bool, int, float, str, tuple, type(None))
+    for (name, x), (_, y) in zip(a.named_modules(), b.named_modules()):
+        if type(x) is not type(y):
+            return f"{name or 'the network'}'s kind"
+        for k, v in vars(x).items():
+            if not k.startswith("_") and k != "training" and isinstance(v, plain) and vars(y).get(k) != v:
+                return f"{name + '.' if name else ''}{k} ({v!r} against {vars(y).get(k)!r})"
+    return None
+
+
+def _tensors_differ(a: nn.Module, b: nn.Module) -> str | None:
+    for (k, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        if x.dtype != y.dtype or x.device != y.device:
+            return f"{k}'s dtype or device ({x.dtype} on {x.device} against {y.dtype} on {y.device})"
+    return None

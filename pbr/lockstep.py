@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pbr.lanes import Lanes
+from pbr.lanes import Lanes, settings_differ
 from pbr.methods.base import ContinualMethod
 
 # The hooks of ContinualMethod.step: a method overriding any of them changes the step per lane.
@@ -137,6 +137,9 @@ class LaneView(nn.Module):
         # Not registered as submodules: each view would otherwise own (and save) every lane.
         object.__setattr__(self, "_lanes", lanes)
         object.__setattr__(self, "_copy", single)
+        # Its own parameter-free copy: functional_call swaps the lane's tensors into the module it
+        # calls, and the lanes' threads call prototypes() at once.
+        object.__setattr__(self, "_skeleton", copy.deepcopy(lanes.skeleton))
         self.i = i
         self._meeting = meeting
         self._version = version
@@ -150,7 +153,7 @@ class LaneView(nn.Module):
         lanes, i = self._lanes, self.i
         tensors = {f"net.{n}": p[i] for n, p in zip(lanes.param_names, lanes.stacked)}
         tensors |= {f"net.{n}": b[i] for n, b in lanes._stacked_buffers().items()}
-        return torch.func.functional_call(_Call(lanes.skeleton, "prototypes"), tensors, ())
+        return torch.func.functional_call(_Call(self._skeleton, "prototypes"), tensors, ())
 
     def parameters(self, recurse: bool = True):
         return self._lanes.parameters(recurse)
@@ -192,19 +195,6 @@ class LaneView(nn.Module):
         return getattr(self.single(), name)
 
 
-def _settings_differ(a: nn.Module, b: nn.Module) -> str | None:
-    """The first plain (non-tensor) attribute in which two networks' modules differ (a head's scale, a
-    dropout rate, BatchNorm's eps), or None."""
-    plain = (bool, int, float, str, tuple, type(None))
-    for (name, x), (_, y) in zip(a.named_modules(), b.named_modules()):
-        if type(x) is not type(y):
-            return f"{name or 'the network'}'s kind"
-        for k, v in vars(x).items():
-            if not k.startswith("_") and k != "training" and isinstance(v, plain) and vars(y).get(k) != v:
-                return f"{name + '.' if name else ''}{k} ({v!r} against {vars(y).get(k)!r})"
-    return None
-
-
 def refusal(method: ContinualMethod) -> str | None:
     """Why `method` cannot run laned, or None: the method answers for itself (`lane_refusal`), and
     a step with hooks of its own is refused here as well, whatever the class says."""
@@ -213,6 +203,20 @@ def refusal(method: ContinualMethod) -> str | None:
     if changed:
         return f"{cls.name} changes the training step ({', '.join(changed)}): it runs alone, not laned"
     return method.lane_refusal()
+
+
+def _run_differs(a: ContinualMethod, b: ContinualMethod) -> str | None:
+    """The first of a run's settings (its method's options, its context's batch sizes and task
+    classes) in which two lanes differ, or None: the seed (the generator) is what lanes vary."""
+    for k, v in vars(a.opts).items():
+        if vars(b.opts).get(k) != v:
+            return f"method setting {k} ({v!r} against {vars(b.opts).get(k)!r})"
+    for k in ("replay_batch_size", "eval_batch_size", "n_classes"):
+        if getattr(a.ctx, k) != getattr(b.ctx, k):
+            return f"{k} ({getattr(a.ctx, k)!r} against {getattr(b.ctx, k)!r})"
+    if [t.tolist() for t in a.ctx.task_classes] != [t.tolist() for t in b.ctx.task_classes]:
+        return "the tasks' classes"
+    return None
 
 
 def train_laned(methods: Sequence[ContinualMethod], run: Callable[[int, ContinualMethod], None]) -> None:
@@ -233,14 +237,13 @@ def train_laned(methods: Sequence[ContinualMethod], run: Callable[[int, Continua
         # fp32 beside single runs in bf16 (Lanes(compute_dtype=...) is the laned bf16, not wired here).
         raise ValueError("lanes train in fp32: a run under bf16 autocast runs alone")
     for i, m in enumerate(methods[1:], 1):
-        differs = _settings_differ(methods[0].net, m.net)
+        differs = settings_differ(methods[0].net, m.net) or _run_differs(methods[0], m)
         if differs:
-            raise ValueError(f"lane {i}'s network differs from lane 0's in {differs}: every lane runs lane 0's "
-                             "network with its own tensors, so lanes of other settings belong in other jobs")
+            raise ValueError(f"lane {i} differs from lane 0 in {differs}: the lanes of one job make the same calls "
+                             "on batches of one shape (and share one optimiser), so lanes of other settings belong "
+                             "in other jobs")
     lr = {m.opts.lr for m in methods}
     decay = {getattr(m.opts, "weight_decay", 0.0) for m in methods}
-    if len(lr) != 1 or len(decay) != 1:
-        raise ValueError("the lanes of one job share one optimiser: every lane needs the same lr and weight decay")
     singles = [m.net for m in methods]
     lanes = Lanes(singles)
     meeting = Rendezvous(len(methods))

@@ -219,6 +219,20 @@ def test_lanes_refuse_what_they_cannot_stack_or_feed():
         Lanes(_nets(), compute_dtype=torch.float16)
     with pytest.raises(IndexError, match="lane 3 out of range"):
         lanes.lane_state_dict(3)
+    # A state of another class count: the key and both shapes, not copy_'s size message.
+    other = Net(CLASSES + 1, WIDTH, "linear", dropout=0.0).state_dict()
+    with pytest.raises(ValueError, match=r"lane 0's state 'head\.\w+' is \[11.*the lanes hold \[10"):
+        lanes.load_lane_state_dict(0, other)
+
+
+def test_lanes_refuse_networks_of_other_settings_or_dtypes():
+    """The lanes run lane 0's module with every lane's tensors: a lane with another head scale ran
+    at lane 0's (its logits a third of its own net's), and a float64 lane promoted every lane."""
+    a = Net(CLASSES, WIDTH, "cosine", scale=10.0, dropout=0.0)
+    with pytest.raises(ValueError, match=r"lane 1's network differs from lane 0's in head\.scale \(10\.0 against 30\.0\)"):
+        Lanes([a, Net(CLASSES, WIDTH, "cosine", scale=30.0, dropout=0.0)])
+    with pytest.raises(ValueError, match="lane 1's network differs from lane 0's in .*torch.float32 on cpu against torch.float64"):
+        Lanes([a, Net(CLASSES, WIDTH, "cosine", scale=10.0, dropout=0.0).to(torch.float64)])
 
 
 def test_laned_augmentation_is_each_lanes_own_augment_stream():

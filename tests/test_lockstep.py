@@ -113,7 +113,7 @@ def test_a_method_that_changes_the_step_or_writes_into_its_network_runs_alone():
     # a setting that is no tensor is lane 0's for every lane: lanes that differ in one are refused
     other = _run(SEEDS[1], "pbr")
     other.net.head.scale = 30.0
-    with pytest.raises(ValueError, match=r"lane 1's network differs from lane 0's in head.scale \(10.0 against 30.0\)"):
+    with pytest.raises(ValueError, match=r"lane 1 differs from lane 0 in head.scale \(10.0 against 30.0\)"):
         train_laned([_run(SEEDS[0], "pbr"), other], lambda i, m: None)
     # bf16 autocast does not reach a laned forward's convolutions: such a run would train in fp32
     bf16 = [_run(s) for s in SEEDS]
@@ -250,3 +250,49 @@ def test_an_interrupted_laned_training_stops_its_lanes_before_handing_back_the_n
     time.sleep(0.3)
     for m, b in zip(methods, before):
         assert all(torch.equal(v, b[k]) for k, v in m.net.state_dict().items())
+
+
+def test_lanes_of_other_settings_are_refused_in_one_line():
+    """Lanes make the same calls on batches of one shape: a lane with another buffer size (its
+    replay batch of another size) or another reading failed inside torch.stack, naming nothing."""
+    with pytest.raises(ValueError, match=r"lane 1 differs from lane 0 in method setting buffer_size \(10 against 3\)"):
+        train_laned([_run(0), create("er", _run(1).net, _run(1).ctx, buffer_size=3, lr=0.05)], lambda i, m: None)
+    with pytest.raises(ValueError, match=r"lane 1 differs from lane 0 in method setting alpha"):
+        train_laned([_run(0, "pbr"), _run(1, "pbr", alpha=0.0)], lambda i, m: None)
+
+
+def test_lane_views_read_their_own_prototypes_while_the_others_do():
+    """PBR's lanes ask for their prototypes at once from their threads; functional_call swaps a
+    lane's tensors into the module it calls, which was one skeleton for every lane (a lane got
+    another's prototypes, or the skeleton's meta tensors)."""
+    import sys
+
+    from pbr.lanes import Lanes
+    from pbr.lockstep import LaneView, _Version
+
+    nets = [Net(CLASSES, WIDTH, "cosine", dropout=0.0, generator=torch.Generator().manual_seed(s)) for s in (0, 1)]
+    want = [n.prototypes().detach() for n in nets]
+    lanes = Lanes(nets)
+    views = [LaneView(lanes, i, Rendezvous(2), nets[i], _Version()) for i in range(2)]
+    wrong, errors = [0, 0], []
+    barrier = threading.Barrier(2)
+
+    def ask(i):
+        try:
+            for _ in range(1500):
+                barrier.wait()
+                wrong[i] += not torch.equal(views[i].prototypes().detach(), want[i])
+        except Exception as e:  # noqa: BLE001 - the old code's meta tensors: reported below
+            errors.append(repr(e)[:200])
+            barrier.abort()
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+        [t.start() for t in threads]
+        [t.join(120) for t in threads]
+    finally:
+        sys.setswitchinterval(before)
+    assert wrong == [0, 0] and not errors, (wrong, errors)
+    assert lanes.skeleton.head.weight.device.type == "meta"
