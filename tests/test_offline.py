@@ -416,3 +416,27 @@ def test_a_done_run_under_other_params_or_training_code_runs_again(tmp_path, mon
     done = out / "runs/r0/DONE"
     done.write_text(json.dumps({k: v for k, v in json.loads(done.read_text()).items() if k != "stamp"}))
     assert sweep([Run("r0", {"seed": 0})]) == (0, 1, [])
+
+
+def test_the_runs_record_the_codes_commit_not_the_starting_folders(tmp_path, monkeypatch):
+    """The sweep's runs execute from --offline's folder with the project's code: their commit is the
+    code's checkout's. It was the folder the sweep started from: "unknown" (and git.dirty "false",
+    never asked) outside a checkout, or another repository's HEAD inside one."""
+    from stages.experiments import offline
+    from stages.runtime import tracking
+
+    monkeypatch.delenv("PBR_GIT_COMMIT", raising=False)
+    monkeypatch.delenv("PBR_GIT_DIRTY", raising=False)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    elsewhere = tmp_path / "proj X"
+    elsewhere.mkdir()
+    subprocess.run(["git", "init", "-q", str(elsewhere)], check=True)
+    subprocess.run(["git", "-C", str(elsewhere), "-c", "user.name=x", "-c", "user.email=x@x", "commit", "-q",
+                    "--allow-empty", "-m", "other"], check=True)
+    for start in (tmp_path, elsewhere):  # not a checkout; another repository
+        monkeypatch.chdir(start)
+        env = offline._env(tmp_path, ROOT, "sqlite:///unused.db")
+        assert head and env["PBR_GIT_COMMIT"] == head
+        assert env["PBR_GIT_DIRTY"] in ("true", "false")
+    monkeypatch.chdir(tmp_path)
+    assert tracking.git_state() == {"git.commit": "unknown", "git.dirty": "unknown"}

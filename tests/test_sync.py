@@ -126,8 +126,10 @@ def test_import_copies_every_field_and_report_counts_it(source, template, tmp_pa
         s = src[origin]
         assert copy.info.run_id != origin
         assert copy.data.params == s.data.params
-        extra = {sync.ORIGIN_TAG, sync.VERSION_TAG, sync.SOURCE_TAG}
+        extra = {sync.ORIGIN_TAG, sync.VERSION_TAG, sync.SOURCE_TAG, sync.BARE_TAG}
         assert {k: v for k, v in copy.data.tags.items() if k not in extra} == s.data.tags
+        # The failed run logged no artifact: its copy says it was made without (a later import replaces it if some come)
+        assert (sync.BARE_TAG in copy.data.tags) == (not (source / "mlartifacts" / origin).exists())
         assert copy.data.tags[sync.SOURCE_TAG] == str(source)
         assert (copy.info.status, copy.info.start_time, copy.info.end_time, copy.info.run_name) == \
                (s.info.status, s.info.start_time, s.info.end_time, s.info.run_name)
@@ -285,7 +287,7 @@ def plain(tmp_path_factory):
 def _comparable(uri: str, run) -> tuple:
     """What a run records, less what differs between two recordings of it (ids, times, its origin, the
     folder it ran in)."""
-    extra = {sync.ORIGIN_TAG, sync.VERSION_TAG, sync.SOURCE_TAG, "pbr.checkout"}
+    extra = {sync.ORIGIN_TAG, sync.VERSION_TAG, sync.SOURCE_TAG, sync.BARE_TAG, "pbr.checkout"}
     history = {k: sorted((v, step) for v, _, step in h) for k, h in _history(uri, run).items()}
     return (run.info.run_name, run.info.status, run.data.params, {k: v for k, v in run.data.tags.items()
                                                                   if k not in extra}, history)
@@ -648,3 +650,94 @@ def test_a_deleted_experiment_is_one_line_naming_the_restore(tmp_path):
             call(uri, "pbr")
     MlflowClient(uri).restore_experiment(exp_id)
     assert tracking.open_experiment(uri, "pbr")[1] == exp_id
+
+
+def _journal_runs(folder: Path) -> dict[str, Path]:
+    """Status -> run folder of a copied journal's runs."""
+    home = folder / sync.JOURNAL_DIR / "pbr"
+    return {json.loads((d / journal.RUN).read_text())["status"]: d for d in home.iterdir() if (d / journal.RUN).is_file()}
+
+
+@pytest.mark.parametrize("damage", ["params", "tags", "metric line", "run.json", "artifacts"])
+def test_a_damaged_journal_run_is_skipped_by_name_and_comes_with_a_later_whole_copy(plain, template, tmp_path, damage):
+    """A file cut short by a partial copy: the run was imported whole-looking (params {} or a random
+    name, no pbr.complete) and a later import of the intact copy saw it as present; an edited metric
+    line gave a traceback and left a RUNNING part copy. Now it is skipped with its folder named."""
+    folder = shutil.copytree(plain, tmp_path / "copied back")
+    run = _journal_runs(folder)["FINISHED"]
+    if damage in ("params", "tags", "run.json"):
+        f = run / {"params": journal.PARAMS, "tags": journal.TAGS, "run.json": journal.RUN}[damage]
+        f.write_bytes(f.read_bytes()[:20])
+    elif damage == "metric line":
+        lines = (run / journal.METRICS).read_text().splitlines(keepends=True)
+        lines[3] = json.dumps({"key": "train.loss", "value": "abc", "timestamp": 1, "step": 3}) + "\n"
+        (run / journal.METRICS).write_text("".join(lines))
+    else:
+        shutil.rmtree(run / journal.ARTIFACTS)
+    target = _store(template, tmp_path / "project")
+    said = []
+    out = sync.import_runs(str(folder), target, "pbr", log=said.append)
+    assert (out.imported, out.skipped) == (1, 2), said  # the failed run; the damaged and the unfinished ones
+    assert any(line.startswith(f"skipped {run.name}: ") and "copied in part?" in line for line in said), said
+    assert run.name not in _by_origin(target)
+    from mlflow import MlflowClient
+    assert not MlflowClient(tracking_uri=target).search_runs(
+        [tracking.open_experiment(target, "pbr")[1]], filter_string=f"tags.`{sync.PENDING_TAG}` LIKE '%'")
+    # The whole copy, imported next, brings it.
+    out = sync.import_runs(str(plain), target, "pbr", log=lambda m: None)
+    assert (out.imported, out.present) == (1, 1)
+    assert _by_origin(target)[run.name].data.tags["pbr.complete"] == "true"
+
+
+def test_a_copy_made_without_artifacts_is_replaced_once_they_are_here(source, template, tmp_path):
+    """`--no-artifacts` (or a store whose runs' artifact folders were not copied yet) was final: the
+    copy never got them, a later import saw it as present."""
+    target = _store(template, tmp_path / "project")
+    sync.import_runs(str(source), target, "pbr", with_artifacts=False, log=lambda m: None)
+    done = next(r for r in _source_runs(source) if r.info.status == "FINISHED")
+    assert _by_origin(target)[done.info.run_id].data.tags[sync.BARE_TAG] == "true"
+    said = []
+    out = sync.import_runs(str(source), target, "pbr", log=said.append)
+    assert (out.imported, out.replaced, out.present) == (1, 1, 1), said  # the failed run has none: it stays
+    assert any(line == f"replacing {done.info.run_name}: its artifacts are here now" for line in said), said
+    copy = _by_origin(target)[done.info.run_id]
+    assert sync.BARE_TAG not in copy.data.tags
+    assert _files(target, copy, tmp_path / "check") == {"train/accuracy.json": ARTIFACT}
+    out = sync.import_runs(str(source), target, "pbr", log=lambda m: None)
+    assert (out.imported, out.present) == (0, 2)
+
+
+def test_two_copies_of_one_run_become_one_and_a_failed_copy_is_not_left(source, template, tmp_path, monkeypatch):
+    """Two imports into one server at once both copied a run; every later import kept both. And a
+    copy that fails midway (a value MLflow refuses, a server gone) is deleted, not left RUNNING."""
+    from mlflow import MlflowClient
+
+    target = _store(template, tmp_path / "project")
+    sync.import_runs(str(source), target, "pbr", log=lambda m: None)
+    done = next(r for r in _source_runs(source) if r.info.status == "FINISHED")
+    c, exp_id = tracking.open_experiment(target, "pbr")
+    # What the second import of two at once made: a second whole copy of the same run.
+    sync._copy_run(MlflowClient(tracking_uri=f"sqlite:///{source / 'mlflow.db'}"), c, exp_id, done, done.info.run_id,
+                   f"{done.info.status}:{done.info.end_time}", "other import", None)
+
+    def copies():
+        return [r.info.run_id for r in c.search_runs([exp_id], f"tags.`{sync.ORIGIN_TAG}` = '{done.info.run_id}'")]
+
+    first = copies()
+    assert len(first) == 2
+    said = []
+    sync.import_runs(str(source), target, "pbr", log=said.append)
+    # One stays, with its artifacts (the second copy was made without: kept, it is replaced by a whole one).
+    [left] = copies()
+    assert sync.BARE_TAG not in c.get_run(left).data.tags
+    assert any(line.startswith(f"deleted a second copy of {done.info.run_name}") for line in said), said
+
+    def fails(*args):
+        raise RuntimeError("the server went away")
+
+    monkeypatch.setattr(sync, "_fill", fails)
+    other = _store(template, tmp_path / "other")
+    with pytest.raises(RuntimeError, match="went away"):
+        sync.import_runs(str(source), other, "pbr", log=lambda m: None)
+    c2, exp2 = tracking.open_experiment(other, "pbr")
+    assert c2.search_runs([exp2]) == []  # active runs: the part copy was deleted at once

@@ -101,9 +101,9 @@ def store_uri(out: Path, record: str) -> str:
 def _env(out: Path, root: Path, store: str) -> dict[str, str]:
     from stages.runtime.tracking import git_state
 
-    git = git_state()
-    # The runs execute outside the project: its code comes first on the path, and its commit is
-    # recorded on every run (git cannot see it from the run's folder).
+    git = git_state(root)
+    # The runs execute outside the project: its code comes first on the path, and its commit (the
+    # code's checkout's, not the folder the sweep was started from) is recorded on every run.
     path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "MLFLOW_TRACKING_URI": store, "PYTHONPATH": path,
             "PBR_GIT_COMMIT": git["git.commit"], "PBR_GIT_DIRTY": git["git.dirty"]}
@@ -349,8 +349,8 @@ def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[
     env = _env(out, root, store)
     records = out / "mlflow.db" if store.startswith("sqlite:") else out / JOURNAL_DIR
     if store.startswith(journal.SCHEME):
-        log(f"recording to plain files in {records}; on a machine with MLflow, `pbr import {out}` copies the "
-            "runs into its store")
+        log(f"recording to plain files in {records}; on a machine with MLflow, `pbr import {shlex.quote(str(out))}` "
+            "copies the runs into its store")
     # The store and its artifact folder are made once, from `out`, before parallel runs open it (and
     # follow a move of the folder: tracking.follow_move).
     made = subprocess.run([sys.executable, "-c", _INIT_STORE], cwd=out, env=env, stdout=subprocess.DEVNULL,
@@ -409,5 +409,5 @@ def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[
             lock.close()
     log(f"{done} run{'s' * (done != 1)} finished, {skipped} already done, {len(failed)} failed"
         + (f", {elsewhere} left to another sweep in this folder" if elsewhere else "")
-        + f"; records in {records}: copy {out} to the project and run `pbr import {out}`")
+        + f"; records in {records}: copy {out} to the project and run `pbr import {shlex.quote(str(out))}`")
     return done, skipped + elsewhere, failed

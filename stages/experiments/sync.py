@@ -18,6 +18,7 @@ the next stage on that machine has marked it KILLED, an import picks it up.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -38,6 +39,7 @@ VERSION_TAG = "pbr.imported_version"  # the source run's status and end time whe
 SOURCE_TAG = "pbr.imported_source"    # where it was imported from, for people
 PENDING_TAG = "pbr.importing"         # on a copy until it is whole
 BY_TAG = "pbr.importing_by"           # "host pid start-time" of the import making that copy
+BARE_TAG = "pbr.imported_without_artifacts"  # on a copy made without them: a later import with them replaces it
 ABANDONED_S = 3600  # a part copy older than this, made on another machine, is an import cut short
 UNFINISHED = ("RUNNING", "SCHEDULED")
 METRICS_PER_BATCH, PARAMS_TAGS_PER_BATCH = 1000, 100  # MLflow's log_batch limits
@@ -212,15 +214,42 @@ def _cut_short(tags: dict) -> bool:
     return time.time() - since > ABANDONED_S
 
 
-def _copies(dst, exp_id: str, log: Callable[[str], None]) -> dict[str, tuple[str, str]]:
-    """Origin -> (run id, version) of the whole copies in the target; deletes those an interrupted
-    import left."""
+@dataclass(frozen=True)
+class Copy:
+    run_id: str
+    version: str
+    bare: bool  # made without the source's artifacts
+
+
+def _copies(dst, exp_id: str, log: Callable[[str], None]) -> dict[str, Copy]:
+    """Origin -> its whole copy in the target; deletes those an interrupted import left, and the
+    extra copies two imports at once made of one run."""
     for run in _search(dst, exp_id, f"tags.`{PENDING_TAG}` LIKE '%'"):
         if ORIGIN_TAG not in run.data.tags and _cut_short(run.data.tags):
             dst.delete_run(run.info.run_id)
             log(f"deleted {run.info.run_name}: an import cut short left it part-copied (it is copied again)")
-    return {r.data.tags[ORIGIN_TAG]: (r.info.run_id, r.data.tags.get(VERSION_TAG, ""))
-            for r in _search(dst, exp_id, f"tags.`{ORIGIN_TAG}` LIKE '%'")}
+    found: dict[str, list] = {}
+    for r in _search(dst, exp_id, f"tags.`{ORIGIN_TAG}` LIKE '%'"):
+        found.setdefault(r.data.tags[ORIGIN_TAG], []).append(r)
+    return {origin: _one_copy(dst, runs, log) for origin, runs in found.items()}
+
+
+def _one_copy(dst, runs: list, log: Callable[[str], None]) -> Copy:
+    """The copy of one origin that stays (the latest version, then the lowest run id: what every
+    import picks alike); the others are deleted."""
+    runs = sorted(runs, key=lambda r: (-_end(r.data.tags.get(VERSION_TAG, "")), r.info.run_id))
+    for extra in runs[1:]:
+        dst.delete_run(extra.info.run_id)
+        log(f"deleted a second copy of {extra.info.run_name} (two imports at once copied it)")
+    keep = runs[0]
+    return Copy(keep.info.run_id, keep.data.tags.get(VERSION_TAG, ""), keep.data.tags.get(BARE_TAG) == "true")
+
+
+def _copies_of(dst, exp_id: str, origin: str, log: Callable[[str], None]) -> tuple[Copy | None, bool]:
+    """The whole copy of `origin` the target holds now, and whether another import is making one."""
+    making = any(not _cut_short(r.data.tags) for r in _search(dst, exp_id, f"tags.`{PENDING_TAG}` = '{origin}'"))
+    whole = _search(dst, exp_id, f"tags.`{ORIGIN_TAG}` = '{origin}'")
+    return (_one_copy(dst, whole, log) if whole else None), making
 
 
 def _original_here(dst, run_id: str) -> bool:
@@ -249,12 +278,25 @@ def _artifacts(src_client, src: Source, run, tmp: Path) -> Path | None:
 
 def _copy_run(src_client, dst, exp_id: str, run, origin: str, version: str, label: str,
               artifacts: Path | None) -> str:
+    info = run.info
+    by = f"{socket.gethostname()} {os.getpid()} {time.time():.0f}"
+    rid = dst.create_run(exp_id, start_time=info.start_time,
+                         tags={PENDING_TAG: origin, BY_TAG: by}, run_name=info.run_name).info.run_id
+    try:
+        _fill(src_client, dst, rid, run, origin, version, label, artifacts)
+    except Exception:
+        # Not left RUNNING and half-copied until the next import finds it (an MLflow error on one
+        # value, a server that went away): the part copy goes at once.
+        with contextlib.suppress(Exception):
+            dst.delete_run(rid)
+        raise
+    return rid
+
+
+def _fill(src_client, dst, rid: str, run, origin: str, version: str, label: str, artifacts: Path | None) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
     info, data = run.info, run.data
-    by = f"{socket.gethostname()} {os.getpid()} {time.time():.0f}"
-    rid = dst.create_run(exp_id, start_time=info.start_time, tags={PENDING_TAG: origin, BY_TAG: by},
-                         run_name=info.run_name).info.run_id
     for chunk in _chunks([Param(k, v) for k, v in data.params.items()], PARAMS_TAGS_PER_BATCH):
         dst.log_batch(rid, params=chunk)
     history = [Metric(m.key, m.value, m.timestamp, m.step)
@@ -269,10 +311,10 @@ def _copy_run(src_client, dst, exp_id: str, run, origin: str, version: str, labe
     for chunk in _chunks(tags, PARAMS_TAGS_PER_BATCH):
         dst.log_batch(rid, tags=chunk)
     # The origin last: a copy that has it is whole.
-    dst.log_batch(rid, tags=[RunTag(VERSION_TAG, version), RunTag(SOURCE_TAG, label), RunTag(ORIGIN_TAG, origin)])
+    bare = [RunTag(BARE_TAG, "true")] if artifacts is None else []
+    dst.log_batch(rid, tags=[RunTag(VERSION_TAG, version), RunTag(SOURCE_TAG, label), *bare, RunTag(ORIGIN_TAG, origin)])
     dst.delete_tag(rid, PENDING_TAG)
     dst.delete_tag(rid, BY_TAG)
-    return rid
 
 
 def _end(version: str) -> int:
@@ -322,6 +364,9 @@ def _import(source: str, target_uri: str, experiment: str, with_artifacts: bool,
     dst, exp_id = tracking.open_experiment(target_uri, experiment)
     copies = _copies(dst, exp_id, log)
     out = Outcome(target_uri)
+    for folder, why in getattr(src_client, "damaged", []):  # a journal's runs whose files do not read whole
+        log(f"skipped {folder.name}: {why} (copied in part?); copy {folder} again and import again")
+        out.skipped += 1
     with tempfile.TemporaryDirectory(prefix="pbr-import-") as tmp:
         for run in runs:
             info = run.info
@@ -334,19 +379,40 @@ def _import(source: str, target_uri: str, experiment: str, with_artifacts: bool,
             origin = run.data.tags.get(ORIGIN_TAG) or info.run_id
             version = f"{info.status}:{info.end_time}"
             old = copies.get(origin)
-            # A copy the target holds stays unless this one is later (a later stage finished on the run):
-            # an older copy, arriving through a store imported before that stage, never replaces it.
-            if (old is not None and _end(version) <= _end(old[1])) or (old is None and _original_here(dst, origin)):
+            if old is None and _original_here(dst, origin):
                 out.present += 1
                 continue
+            files = None
+            if old is not None and _end(version) <= _end(old.version):
+                # A copy the target holds stays unless this one is later (a later stage finished on
+                # the run: an older copy, arriving through a store imported before that stage,
+                # never replaces it), or it was made without artifacts this source now has.
+                if not (with_artifacts and old.bare and _end(version) == _end(old.version)):
+                    out.present += 1
+                    continue
+                files = _artifacts(src_client, src, run, Path(tmp) / info.run_id)
+                if files is None:
+                    out.present += 1
+                    continue
+            # Another import into this store may have copied it since `copies` was read.
+            now, making = _copies_of(dst, exp_id, origin, log)
+            if making or (now is not None and now != old):
+                out.present += 1
+                continue
+            if with_artifacts and files is None:
+                files = _artifacts(src_client, src, run, Path(tmp) / info.run_id)
             if old is not None:
-                dst.delete_run(old[0])
+                dst.delete_run(old.run_id)
                 out.replaced += 1
-                log(f"replacing {name}: it changed in the source since it was imported")
-            files = _artifacts(src_client, src, run, Path(tmp) / info.run_id) if with_artifacts else None
+                log(f"replacing {name}: it changed in the source since it was imported" if not old.bare or
+                    _end(version) != _end(old.version) else f"replacing {name}: its artifacts are here now")
             _copy_run(src_client, dst, exp_id, run, origin, version, src.label, files)
             if files is not None and Path(tmp) in files.parents:
                 shutil.rmtree(files, ignore_errors=True)
             out.imported += 1
-            log(f"imported {name} ({info.status.lower()})")
+            bare = (" without artifacts: SOURCE has none of it (if it had some, copy them and import again: the copy "
+                    "is then replaced)" if with_artifacts and files is None and info.status == "FINISHED" else "")
+            log(f"imported {name} ({info.status.lower()}){bare}")
+            # Two imports at once may both have copied it: one copy stays, the same one for both.
+            _copies_of(dst, exp_id, origin, log)
     return out

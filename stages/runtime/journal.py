@@ -149,12 +149,21 @@ class _Page(list):
     token = None
 
 
+class Damaged(Exception):
+    """A run folder whose files do not read whole (a copy that lost part of them)."""
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 class Reader:
     """`pbr import`'s side: what sync reads of an MLflow source (get_experiment_by_name, search_runs,
     get_metric_history, artifacts), from a journal folder, as plain objects with MLflow's field names."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
+        self.damaged: list[tuple[Path, str]] = []
 
     def get_experiment_by_name(self, name: str):
         home = self.folder / name
@@ -171,20 +180,56 @@ class Reader:
         except FileNotFoundError:
             return []
         out = []
-        for line in text.splitlines():
+        lines = text.splitlines()
+        for i, line in enumerate(lines):
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # the last line of a process killed while writing it
-                continue
+                m = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1 and not text.endswith("\n"):  # a process killed while writing it
+                    continue
+                raise Damaged(f"{METRICS} line {i + 1} cannot be read") from None
+            if not (isinstance(m, dict) and isinstance(m.get("key"), str) and _number(m.get("value"))
+                    and all(isinstance(m.get(k), int) and not isinstance(m.get(k), bool) for k in ("timestamp", "step"))):
+                raise Damaged(f"{METRICS} line {i + 1} is not a metric point (key, value, timestamp, step)")
+            out.append(m)
         return out
 
+    def _check(self, d: Path, info: dict) -> tuple[dict, dict]:
+        """The run's params and tags, each a {name: text} read whole; Damaged where a file is not."""
+        if not isinstance(info.get("start_time"), int) or not isinstance(info.get("end_time"), (int, type(None))):
+            raise Damaged(f"{RUN} has no start or end time")
+        found = []
+        for name in (PARAMS, TAGS):
+            value = _read(d / name)
+            if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+                raise Damaged(f"{name} cannot be read as {{name: text}}")
+            found.append(value)
+        if not (d / ARTIFACTS).is_dir():
+            raise Damaged(f"its {ARTIFACTS}/ folder is missing")
+        return found[0], found[1]
+
+    def _damaged_run_json(self, home: Path) -> Iterator[Path]:
+        """Folders that hold a run.json this module never leaves (it replaces it whole): a copy
+        that lost part of it."""
+        for d in sorted(home.iterdir()):
+            if d.is_dir() and (d / RUN).is_file() and (d / TAGS).is_file() and not isinstance(_read(d / RUN), dict):
+                yield d
+
     def search_runs(self, experiment_ids: list[str], order_by: list[str] | None = None, **_) -> _Page:
+        """The runs whose files read whole; the others are named in `self.damaged` (folder, why)."""
         runs = []
+        self.damaged = [(d, f"{RUN} cannot be read") for exp in experiment_ids
+                        for d in self._damaged_run_json(self.folder / exp)]
         for exp in experiment_ids:
             for d, info in _run_folders(self.folder / exp):
-                tags = _read(d / TAGS, {})
+                try:
+                    params, tags = self._check(d, info)
+                    points = self._metrics(d)
+                except Damaged as e:
+                    self.damaged.append((d, str(e)))
+                    continue
                 latest: dict[str, dict] = {}
-                for m in self._metrics(d):  # MLflow's latest value: the highest step, then the newest
+                for m in points:  # MLflow's latest value: the highest step, then the newest
                     old = latest.get(m["key"])
                     if old is None or (m["step"], m["timestamp"]) >= (old["step"], old["timestamp"]):
                         latest[m["key"]] = m
@@ -192,7 +237,7 @@ class Reader:
                     info=SimpleNamespace(run_id=info["run_id"], run_name=tags.get("mlflow.runName", ""),
                                          status=info["status"], start_time=info["start_time"],
                                          end_time=info["end_time"], artifact_uri=str(d / ARTIFACTS)),
-                    data=SimpleNamespace(params=_read(d / PARAMS, {}), tags=tags,
+                    data=SimpleNamespace(params=params, tags=tags,
                                          metrics={k: m["value"] for k, m in latest.items()}),
                     experiment=exp))
         runs.sort(key=lambda r: r.info.start_time, reverse=bool(order_by) and "DESC" in order_by[0])

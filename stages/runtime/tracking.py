@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -129,7 +130,8 @@ def recording_uri(cwd: Path | None = None) -> str:
         folder = repo_root(cwd) / OFFLINE_DIR
         where = OFFLINE_DIR if repo_root(cwd) == Path.cwd().resolve() else str(folder)
         print(f"MLflow server {uri} is unreachable ({why}): recording to the offline store {folder} instead; "
-              f"copy its runs to the server later with `pbr import {where}`", file=sys.stderr, flush=True)
+              f"copy its runs to the server later with `pbr import {shlex.quote(str(where))}`", file=sys.stderr,
+              flush=True)
     return offline
 
 
@@ -138,9 +140,9 @@ def experiment_name() -> str:
     return os.environ.get("MLFLOW_EXPERIMENT_NAME", "").strip() or EXPERIMENT
 
 
-def _git(*args: str) -> str:
+def _git(*args: str, cwd: Path | None = None) -> str:
     try:
-        r = subprocess.run(["git", *args], capture_output=True, text=True, timeout=20)
+        r = subprocess.run(["git", *args], capture_output=True, text=True, timeout=20, cwd=cwd)
         return r.stdout.strip() if r.returncode == 0 else ""
     except (OSError, subprocess.TimeoutExpired):
         return ""
@@ -149,13 +151,16 @@ def _git(*args: str) -> str:
 CODE = ("pbr", "stages", "benchmarks", "examples", "pyproject.toml", "dvc.yaml")  # what git.dirty covers
 
 
-def git_state() -> dict[str, str]:
+def git_state(code: Path | None = None) -> dict[str, str]:
+    """The commit and dirty flag of the checkout at `code` (else the working directory's)."""
     if os.environ.get("PBR_GIT_COMMIT"):  # a run started outside the checkout (`pbr sweep --offline`)
         return {"git.commit": os.environ["PBR_GIT_COMMIT"], "git.dirty": os.environ.get("PBR_GIT_DIRTY", "unknown")}
-    commit = _git("rev-parse", "HEAD") or "unknown"
+    commit = _git("rev-parse", "HEAD", cwd=code)
+    if not commit:  # no git here, or no checkout: nothing is known of its state either
+        return {"git.commit": "unknown", "git.dirty": "unknown"}
     # The code only: every run changes dvc.lock and the reports, `dvc exp run -S` params.yaml (all
     # recorded on their own), so a dirty flag over the whole tree was true for nearly every run.
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", *CODE))
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", *CODE, cwd=code))
     return {"git.commit": commit, "git.dirty": str(dirty).lower()}
 
 
@@ -222,7 +227,8 @@ def refuse_journal(uri: str) -> None:
     if uri.startswith(journal.SCHEME):
         folder = from_repo(journal.folder_of(uri))  # where the stages record it
         raise UserError(f"MLFLOW_TRACKING_URI {uri} holds runs recorded to plain files, which only `pbr import` "
-                        f"reads: `pbr import {folder}` into an MLflow store, then use that store (docs/offline.md)")
+                        f"reads: `pbr import {shlex.quote(str(folder))}` into an MLflow store, then use that store "
+                        "(docs/offline.md)")
 
 
 def refuse_unreachable(uri: str) -> None:
