@@ -668,10 +668,14 @@ def main() -> None:
         else:
             for dtype in ("fp32", "bf16"):
                 r.lanes_sweep("lanes-cl", dtype, cl=True)
-    if "cudnn-benchmark" in routes and cuda and best:
-        torch.backends.cudnn.benchmark = True
-        r.in_process("cudnn-benchmark", best[2], lambda: laned_step(a, r.dev, best[1], best[2]), lanes=best[1])
-        torch.backends.cudnn.benchmark = False
+    if "cudnn-benchmark" in routes and cuda:
+        if best:
+            torch.backends.cudnn.benchmark = True
+            r.in_process("cudnn-benchmark", best[2], lambda: laned_step(a, r.dev, best[1], best[2]), lanes=best[1])
+            torch.backends.cudnn.benchmark = False
+        else:  # a row all the same: an absent one reads as a route forgotten
+            r.record("cudnn-benchmark", "-", status="skipped",
+                     note="it times the best eager lanes: give lanes or lanes-bf16 in --routes too (or none of them ran)")
     print(f"# wrote {r.out / 'routes.json'} and {r.out / 'routes.md'}; {a.seconds - r.left():.0f} s spent", flush=True)
 
 

@@ -5,7 +5,7 @@
     # accuracy too: the real Seq-CIFAR-10-LT, prepared here and carried (run's carry: gpu-carry)
     pbr prepare && mkdir -p gpu-carry && tar -cJf gpu-carry/prepared.tar.xz data/prepared   # 51 MB
     python benchmarks/bench_runs_gpu.py --prepared gpu-carry/prepared.tar.xz --epochs 50 \
-        --phases mps-graphs --mps-runs 6 --seconds 540 --out $OUT    # one phase a call (docs/gpu.md)
+        --phases mps-graphs --seeds 0-1 --mps-runs 4 --seconds 540 --out $OUT    # docs/gpu.md
 
 bench_routes times the ER step in a loop; this runs what `pbr sweep --offline` runs: each run its
 own process running the train then the evaluate stage (`pbr train`, `pbr evaluate`), recorded to
@@ -320,6 +320,17 @@ def rates(res: dict, runs_at_once: int, epochs: int) -> None:
     res["full_protocol_slot_runs_per_hour"] = res["slot_runs_per_hour"] * epochs / FULL_EPOCHS
 
 
+def merge_refusal(earlier: dict, now: dict) -> str | None:
+    """Why an earlier call's runs cannot sit beside this call's (another GPU model, budget or data),
+    or None; a key the earlier record lacks (an older version's, or not known yet) is not compared."""
+    for key, what in (("device", "device"), ("gpu", "GPU model"), ("width", "width"), ("epochs", "epochs a task"),
+                      ("data", "data (the prepared manifest's hash)")):
+        if key in earlier and key in now and earlier[key] != now[key]:
+            return (f"its runs had {what} {earlier[key]}, this call's {now[key]}: compare runs of one GPU model, "
+                    "budget and data only")
+    return None
+
+
 def graphs_vs_eager(eager: dict, graphs: dict) -> dict:
     """Per row (PBR, ER), the final Class-IL of the seeds both phases finished: each seed's, the mean of
     graphs - eager, and the standard deviation of the eager seeds (issue 25 asks the difference to lie
@@ -351,7 +362,7 @@ def _replace(path: Path, text: str) -> None:
 def write(out: Path, result: dict, quiet: bool = False) -> None:
     """runs_gpu.json and runs_gpu.md as they stand (after every run and phase: a call cut short keeps
     them); printed unless `quiet`."""
-    ran = {k: v.get("runs", {}) for k, v in result["phases"].items()}
+    ran = {k: {**v.get("earlier_runs", {}), **v.get("runs", {})} for k, v in result["phases"].items()}
     both = [k for k in ran.get("off", {}) if k in ran.get("mps", {})]
     result["same_seeds"] = {k: {p: ran[p][k].get("class_il") for p in ran if k in ran[p]} for k in both}
     result["same_rows"] = all(ran["mps"][k].get("class_il_rows") == ran["off"][k].get("class_il_rows") for k in both)
@@ -376,6 +387,8 @@ def write(out: Path, result: dict, quiet: bool = False) -> None:
         lines.append(f"| {name} | {res['runs_at_once']} | {res['mps']} | {res['wall_s']:.0f} | {res['runs_per_hour']:.1f}, "
                      f"{slot} | {res['full_protocol_runs_per_hour']:.1f}, {full_slot} |"
                      + (" stopped at --seconds: the finished runs are the faster ones" if res.get("stopped") else "")
+                     + (f" (beside {len(res['earlier_runs'])} runs of an earlier call, --merge)"
+                        if res.get("earlier_runs") else "")
                      + (f" failed: {failed}" if failed else ""))
     lines += ["", f"seeds in both mps and off, final Class-IL by phase: {result['same_seeds']}; mps and off rows "
               f"identical: {result['same_rows']}"]
@@ -394,6 +407,9 @@ def write(out: Path, result: dict, quiet: bool = False) -> None:
     _replace(out / "runs_gpu.md", "\n".join(lines) + "\n")
     if not quiet:
         print("\n".join(lines), flush=True)
+
+
+PHASES = ("mps", "off", "mps-graphs")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -440,6 +456,9 @@ def main() -> None:
     from stages.runtime import mps
 
     deadline = time.time() + a.seconds if a.seconds else None
+    unknown = [p for p in a.phases.split(",") if p not in PHASES]
+    if unknown:  # before torch's import and the data: a typo costs no device time
+        raise SystemExit(f"--phases: {', '.join(unknown)} unknown; give a comma list of {', '.join(PHASES)}")
     rows = a.rows.split(",")
     seeds = parse_seeds(a.seeds) if a.seeds else list(range(max(a.mps_runs, a.off_runs) // len(rows) + 1))
     over = settings(a.set, a.rows, seeds)  # before anything is prepared: a bad --set costs no device time
@@ -458,18 +477,30 @@ def main() -> None:
 
         result["meta"]["gpu"] = torch.cuda.get_device_name(0)
         result["meta"]["torch"] = torch.__version__
+    earlier_runs: dict[str, dict] = {}
     if a.merge:
         earlier = json.loads(a.merge.read_text())
-        if earlier["meta"].get("gpu") != result["meta"].get("gpu"):
-            raise SystemExit(f"--merge {a.merge}: its runs are from {earlier['meta'].get('gpu')}, this call's from "
-                             f"{result['meta'].get('gpu')}; compare runs of one GPU model only")
+        differ = merge_refusal(earlier["meta"], result["meta"])
+        if differ:
+            raise SystemExit(f"--merge {a.merge}: {differ}")
         result["meta"]["merged"] = {"from": str(a.merge), "meta": earlier["meta"]}
         result["phases"] = {k: v for k, v in earlier["phases"].items() if k not in a.phases.split(",")}
+        # A phase this call runs again adds its runs to the earlier call's (an eager side run in
+        # two calls, each small enough to finish); its rates are this call's.
+        earlier_runs = {k: {**v.get("earlier_runs", {}), **v.get("runs", {})}
+                        for k, v in earlier["phases"].items() if k in a.phases.split(",")}
     with tempfile.TemporaryDirectory(prefix="pbr-runs-") as tmp:
         base = Path(tmp)
         env["MLFLOW_TRACKING_URI"] = journal.uri(base / "journal")
         t = time.time()
         params = _merged(prepare(base, a), over)
+        from pbr.data.shards import manifest_hash
+
+        result["meta"]["data"] = manifest_hash(base / "data" / "prepared")  # the carried data, or random pixels'
+        if a.merge:
+            differ = merge_refusal(earlier["meta"], result["meta"])
+            if differ:
+                raise SystemExit(f"--merge {a.merge}: {differ}")
         result["meta"]["set"] = a.set
         result["meta"]["prepare_s"] = round(time.time() - t, 1)
         grid = plan("fidelity", seeds, {}, {"row": rows}, ROOT / "params.yaml", "full")
@@ -479,7 +510,12 @@ def main() -> None:
             raise SystemExit(stale)
         phases = {"mps": (a.mps_runs, "mps", False), "off": (a.off_runs, "off", False),
                   "mps-graphs": (a.mps_runs, "mps", True)}
+        assert set(phases) == set(PHASES)
         relay = Relay(out / "runs.log")
+
+        def earlier(name):
+            return {"earlier_runs": earlier_runs[name]} if name in earlier_runs else {}
+
         for name in a.phases.split(","):
             n, mode, graphs = phases[name]
             n = min(n, len(by_seed))  # the runs this phase has (--seeds may give fewer)
@@ -499,7 +535,7 @@ def main() -> None:
 
             def progress(results, elapsed, name=name, n=n):
                 result["phases"][name] = {"runs": results, "running": elapsed, "runs_at_once": n, "mps": shared,
-                                          "set": a.set}
+                                          "set": a.set, **earlier(name)}
                 write(out, result, quiet=True)
 
             child_env = {**env, **(compile_threads(n) if graphs else {})}
@@ -516,7 +552,8 @@ def main() -> None:
                                 relay, out, progress, deadline)
             except Exception as e:  # recorded; the next phase still runs
                 res = {"failed": f"{type(e).__name__}: {e}"}
-            res.update(runs_at_once=n, mps=bool(shared), set=a.set, **({"mps_note": said[-1]} if said else {}))
+            res.update(runs_at_once=n, mps=bool(shared), set=a.set, **({"mps_note": said[-1]} if said else {}),
+                       **earlier(name))
             if "wall_s" in res:
                 rates(res, n, a.epochs)
             result["phases"][name] = res

@@ -49,15 +49,19 @@ INVALID = {
 # What the error message promises (a Setting's `allowed` text) -> numbers that break the promise.
 # Read off the words the user sees, not off the check under test: a check that lets 0 through
 # while its message says "positive" fails here.
-PROMISES = {"positive": [0, -1], ">= 0": [-1], ">= 2": [1, 0]}
+PROMISES = {"positive": [0, -1]}  # and any ">= N" or "> N", and intervals
 UNREAD = []  # checked settings whose message states no range read here: list their values by hand
 
 
 def _outside(allowed):
-    """Numbers outside the range `allowed` states: a word of PROMISES, or an interval '[0, 1)'."""
+    """Numbers outside the range `allowed` states: a word of PROMISES, '>= N' or '> N', or an
+    interval '[0, 1)'."""
     import re
 
     out = [v for words, values in PROMISES.items() if words in allowed for v in values]
+    for op, n in re.findall(r"(>=|>) (-?[\d.]+)", allowed):
+        n = int(n) if n.lstrip("-").isdigit() else float(n)  # an integer key's bounds as integers
+        out += [n - 1] + ([n] if op == ">" else [])
     for lo_bracket, lo, hi, hi_bracket in re.findall(r"([\[(])(-?[\d.]+), (-?[\d.]+)([\])])", allowed):
         lo, hi = float(lo), float(hi)
         out += [lo - 1, hi + 1] + ([lo] if lo_bracket == "(" else []) + ([hi] if hi_bracket == ")" else [])

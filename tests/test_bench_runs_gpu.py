@@ -261,3 +261,33 @@ def test_the_commands_docs_gpu_md_gives_parse(monkeypatch):
         parsers[m.group(1)].parse_args(args)  # exits (SystemExit) on an option it does not have
         seen[m.group(1)] += 1
     assert seen["bench_runs_gpu.py"] >= 2 and seen["bench_routes.py"] >= 2, seen
+
+
+def test_a_merge_adds_a_phases_runs_and_refuses_other_budgets_or_data(tmp_path):
+    """The eager side runs in two calls small enough to finish (runs sharing the GPU end together:
+    a call over budget loses them all), the second --merge-ing the first: the phase's runs are both
+    calls'. A merge of runs at another width, epochs or data compared runs that are not alike."""
+    meta = {"device": "cuda", "gpu": "NVIDIA H200", "width": 64, "epochs": 50, "data": "ab" * 32}
+    assert bench.merge_refusal(meta, dict(meta)) is None
+    assert bench.merge_refusal({k: v for k, v in meta.items() if k != "data"}, meta) is None  # an older record
+    for key, other in (("epochs", 10), ("data", "cd" * 32), ("gpu", "NVIDIA H100 80GB HBM3"), ("width", 32)):
+        assert f"{other}" in bench.merge_refusal(meta, {**meta, key: other})
+    result = {"meta": meta, "phases": {
+        "mps": {"runs": {"fid-pbr-s2": {"class_il": 48.0}}, "earlier_runs": {
+            "fid-pbr-s0": {"class_il": 50.0}, "fid-pbr-s1": {"class_il": 52.0}}, "runs_at_once": 1, "mps": True},
+        "mps-graphs": {"runs": {f"fid-pbr-s{s}": {"class_il": c} for s, c in ((0, 51.0), (1, 51.0), (2, 49.0))},
+                       "runs_at_once": 3, "mps": True}}}
+    bench.write(tmp_path, result, quiet=True)
+    got = json.loads((tmp_path / "runs_gpu.json").read_text())["graphs_vs_eager"]["fid-pbr"]
+    assert got["seeds"] == [0, 1, 2] and got["eager"] == [50.0, 52.0, 48.0]
+
+
+def test_an_unknown_phase_stops_the_call_before_anything_is_prepared(tmp_path):
+    import sys
+    import time
+
+    t = time.time()
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_runs_gpu.py"), "--device", "cpu", "--phases",
+                        "mps_graphs", "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "--phases: mps_graphs unknown" in r.stderr, r.stderr[-1500:]
+    assert not (tmp_path / "out").exists() and time.time() - t < 60

@@ -220,3 +220,21 @@ def test_step_hooks_penalty_gradient_change_and_after_step():
     assert method.steps == 1
     assert loss.item() == pytest.approx(plain.observe(x, labels[:8], images[:8]).item() + 5.0, rel=1e-5)
 
+
+
+def test_a_methods_defaults_need_name_only_what_it_changes():
+    """A new method's `defaults = {"lr": 0.05}` (the natural way to write its own lr) left head,
+    dropout and weight decay unresolved: `pbr train` ended in a traceback (KeyError: no value for
+    'head'). The rest come from the common protocol's."""
+    from pbr.methods.base import ContinualMethod
+
+    class Mine(ContinualMethod):
+        name = "mine-test"
+        defaults = {"lr": 0.05}
+
+    opts, sources = Mine.options()
+    assert (opts.lr, sources["lr"]) == (0.05, Mine.defaults_source)
+    assert Mine.resolve("head", "auto", "cifar10", 200) == ("linear", ContinualMethod.defaults_source)
+    assert Mine.resolve("dropout", "auto", "cifar10", 200)[0] == 0.0
+    with pytest.raises(KeyError, match="no value for 'gamma'"):
+        Mine.resolve("gamma", "auto", "cifar10", 200)

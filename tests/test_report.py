@@ -279,7 +279,7 @@ def test_budgets_get_their_own_tables_and_readings_their_own_rows():
     assert "| 200 | PBR | 50.00 ± 0.00 (n=1) [paper 51.00]" in full
     assert "[paper" not in proxy_table  # the paper's numbers sit beside the full protocol only
     assert "| 200 | ER (lr 0.03) | 32.00" in proxy_table
-    assert "- note: the paper ran every method at lr 0.03; these ran at their tuned lr (row 'NAME (lr 0.03)' " \
+    assert "- note: the paper ran every method at lr 0.03; these ran at their own lr (row 'NAME (lr 0.03)' " \
            "where run): ER 0.1 (Mammoth utils/best_args.py @5bb9275 seq-cifar10 (buffer 200, 500, 5120))" in proxy_table
 
 

@@ -168,6 +168,8 @@ class ContinualMethod:
                 return b.values[key], b.source
         if key in cls.defaults:
             return cls.defaults[key], cls.defaults_source
+        if key in ContinualMethod.defaults:  # a method's `defaults` that names only what it changes
+            return ContinualMethod.defaults[key], ContinualMethod.defaults_source
         for s in cls.settings:
             if s.key == key:
                 return s.default, "the method's declared default"

@@ -749,7 +749,7 @@ def _tuned_lr_notes(groups: list[Group]) -> list[str]:
             tuned_at.setdefault((lr, source), []).append(label)
     if not tuned_at:
         return []
-    return [f"the paper ran every method at lr {PAPER_LR:g}; these ran at their tuned lr (row 'NAME (lr "
+    return [f"the paper ran every method at lr {PAPER_LR:g}; these ran at their own lr (row 'NAME (lr "
             f"{PAPER_LR:g})' where run): " + "; ".join(f"{', '.join(labels)} {lr:g} ({source})"
                                                    for (lr, source), labels in tuned_at.items())]
 
