@@ -107,7 +107,10 @@ def main() -> None:
           + f", {a.precision}" + (", channels_last" if a.channels_last else ""))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     base = None
-    for n in (int(k) for k in a.processes.split(",")):
+    counts = [int(k) for k in a.processes.split(",")]
+    if counts[0] != 1:  # every ratio is against one process, measured in this run: first
+        counts = [1] + [n for n in counts if n != 1]
+    for n in counts:
         with tempfile.TemporaryDirectory() as folder:
             cmd = [sys.executable, __file__, "--method", a.method, "--width", str(a.width), "--batch", str(a.batch),
                    "--device", a.device, "--seconds", str(a.seconds), "--compile", a.compile, "--warmup",

@@ -37,11 +37,13 @@ def main() -> None:
     ap.add_argument("--methods", default="sgd,er,derpp,pbr", help="comma list of the method steps to time")
     a = ap.parse_args()
     first = None
-    for variant in a.variants.split(","):
-        first = run_variant(a, variant, first)
+    variants = a.variants.split(",")
+    for variant in variants:
+        # Every ratio "x bare [V]" is against the bare step of the first variant V, measured in this run.
+        first = run_variant(a, variant, first, variants[0])
 
 
-def run_variant(a, variant: str, first: float | None) -> float:
+def run_variant(a, variant: str, first: float | None, first_name: str = "fp32") -> float:
     bf16, cl = variant.startswith("bf16"), "+cl" in variant
     compiled = {"mode": "reduce-overhead"} if "+graphs" in variant else {} if "+compile" in variant else None
     fmt = torch.channels_last if cl else torch.contiguous_format
@@ -70,7 +72,7 @@ def run_variant(a, variant: str, first: float | None) -> float:
 
     base = rate(bare_steps, a.batch * a.steps, a.repeats)
     first = first or base
-    print(row("bare model fwd+bwd+step", base, base) + f"  ({base / first:.2f}x bare fp32)")
+    print(row("bare model fwd+bwd+step", base, base) + f"  ({base / first:.2f}x bare [{first_name}])")
     results = {}
     for name in a.methods.split(","):
         cls = METHODS[name]
@@ -105,7 +107,7 @@ def run_variant(a, variant: str, first: float | None) -> float:
         except Exception as e:  # one unsupported combination (say CUDA graphs with a method) must not end the run
             print(f"{name} step: failed, {type(e).__name__}: {str(e).splitlines()[0][:200]}")
             continue
-        print(row(f"{name} step (current-task images)", results[name], base) + f"  ({results[name] / first:.2f}x bare fp32)")
+        print(row(f"{name} step (current-task images)", results[name], base) + f"  ({results[name] / first:.2f}x bare [{first_name}])")
     if "sgd" in results and "pbr" in results:
         print(f"pbr step / sgd step time: {results['sgd'] / results['pbr']:.2f}x (target <= 2.2x)")
     return first
