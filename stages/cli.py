@@ -403,6 +403,16 @@ def _out_of_memory(e: BaseException) -> bool:
             or "can't allocate memory" in text or "out of memory" in text.lower())
 
 
+def _store_unwritable(e: BaseException) -> str | None:
+    """What sqlite said where the tracking store could not take a write (a full disk, a read-only
+    file), else None: MLflow wraps it in an MlflowException (no mlflow import here)."""
+    text = str(e).lower()
+    for said in ("database or disk is full", "attempt to write a readonly database", "disk i/o error"):
+        if said in text and type(e).__name__ in ("MlflowException", "OperationalError"):
+            return said
+    return None
+
+
 def _main() -> None:
     try:
         app()
@@ -432,6 +442,14 @@ def _main() -> None:
         where = f"{e.filename}: " if e.filename else ""
         print(f"error: {where}{e.strerror or e}; check that the location is writable and has space",
               file=sys.stderr)
+        sys.exit(2)
+    except Exception as e:
+        why = _store_unwritable(e)
+        if why is None:
+            raise
+        store = os.environ.get("MLFLOW_TRACKING_URI") or "mlflow.db at the repository root"
+        print(f"error: the MLflow store ({store}) could not be written: {why}; free space on its disk (or make "
+              "it writable) and run the same command: what finished is kept, and it resumes", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)

@@ -190,3 +190,27 @@ def test_a_killed_pbr_ui_takes_its_server_with_it(tmp_path):
     finally:
         ui.kill()
         subprocess.run(["pkill", "-f", f"mlflow ui .*--port {port}"], check=False)
+
+
+def test_a_store_that_cannot_grow_is_one_line_and_the_stage_reruns(tmp_path, finished):
+    """A full disk under the MLflow store: sqlite's error came as MLflow's logged traceback and then
+    400-600 lines of the CLI's, where a full disk under the outputs was one line. Here the store's
+    file may not grow (RLIMIT_FSIZE at its size: sqlite's write fails as on a full disk)."""
+    import resource
+    import signal
+
+    repo = copy_project(finished, tmp_path / "repo")
+    size = (repo / "mlflow.db").stat().st_size
+
+    def cannot_grow():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails (EFBIG) instead of the process dying
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+    r = subprocess.run([str(BIN / "pbr"), "evaluate"], cwd=repo, env=env(), capture_output=True, text=True,
+                       timeout=600, preexec_fn=cannot_grow)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith("error: the MLflow store (") and "could not be written" in lines[0], lines
+    # Space again: the same command finishes.
+    r = subprocess.run([str(BIN / "pbr"), "evaluate"], cwd=repo, env=env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -300,6 +300,8 @@ def open_experiment(uri: str, name: str):
     from mlflow import MlflowClient
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Creating initial database tables" per stage
+    # Its traceback of a database error it then raises anyway (a full disk: the CLI says it in one line).
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
     refuse_journal(uri)
     with _creation_lock(uri):
