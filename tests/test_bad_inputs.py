@@ -426,7 +426,7 @@ def test_a_deleted_buffer_is_missing_for_evaluate_and_trained_again_by_train(tmp
     repo = _copy_trained(trained, tmp_path / "repo")
     (repo / "artifacts/train/task_01/buffer.parquet").unlink()
     # evaluate said nothing and drew an empty buffer for task 1
-    _one_line_error(pbr(repo, "evaluate"), "task_01/buffer.parquet is missing", "dvc checkout artifacts/train")
+    _one_line_error(pbr(repo, "evaluate"), "task_01/buffer.parquet is missing", "dvc checkout --force artifacts/train")
     r = pbr(repo, "train")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "resuming after task 1 of 5" in r.stdout + r.stderr
@@ -651,7 +651,7 @@ def test_an_accuracy_record_without_its_parts_is_one_line(tmp_path, trained, pbr
     repo = _copy_trained(trained, tmp_path / "repo")
     (repo / "artifacts/train/accuracy.json").write_text("{}")
     _one_line_error(pbr(repo, "evaluate"), "accuracy.json is not a finished run's record (it lacks settings, "
-                                           "class_il, task_il)", "dvc repro train")
+                                           "class_il, task_il)", "dvc checkout --force artifacts/train")
 
 
 def test_an_empty_experiment_name_is_the_default_one(tmp_path, prepared, pbr_main):

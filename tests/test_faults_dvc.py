@@ -214,3 +214,19 @@ def test_a_store_that_cannot_grow_is_one_line_and_the_stage_reruns(tmp_path, fin
     # Space again: the same command finishes.
     r = subprocess.run([str(BIN / "pbr"), "evaluate"], cwd=repo, env=env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_the_restore_a_damaged_file_names_works_as_printed(tmp_path, finished):
+    """The one line of a damaged task file names a command: run as printed, it restores the file
+    (a plain `dvc checkout artifacts/train` refused: "Can't remove the following unsaved files")."""
+    import re
+
+    repo = copy_project(finished, tmp_path / "repo")
+    state = sorted((repo / "artifacts/train").glob("task_*/state.pt"))[-1]
+    whole = state.read_bytes()
+    state.write_bytes(whole[:100])
+    r = subprocess.run([str(BIN / "pbr"), "train"], cwd=repo, env=env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2 and str(state.relative_to(repo)) in r.stderr, r.stderr[-2000:]
+    command = re.search(r"restore it with `([^`]+)`", r.stderr).group(1)
+    done = subprocess.run(command, shell=True, cwd=repo, env=env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and state.read_bytes() == whole, (command, done.stderr[-2000:])

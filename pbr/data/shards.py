@@ -146,7 +146,7 @@ def read_split(prepared: Path, manifest: dict, task: int, split: str, verify: bo
             raise DataError(f"{path} is missing; run `dvc repro prepare` (or `dvc pull`)") from None
         if verify and _sha256(blob) != s["sha256"]:
             raise DataError(f"{path} does not match its hash in the manifest (corrupt or modified); "
-                            f"run `dvc repro prepare` (or `dvc checkout`)")
+                            f"run `dvc repro prepare` (or `dvc checkout --force`)")
         try:
             table = pq.read_table(pa.BufferReader(blob))
         except (pa.ArrowException, OSError) as e:

@@ -199,7 +199,7 @@ def _keep_or_start_over(out: Path, fp: str, n_tasks: int, log) -> None:
     `dvc exp run` checked other outputs over them); start over when settings, data or code changed."""
     run_file = out / "run.json"
     saved_fp = artifacts.read_json(run_file, f"delete {out} to train again from the first task, or restore it "
-                                   "with `dvc checkout artifacts/train`").get("fingerprint") if run_file.is_file() else None
+                                   "with `dvc checkout --force artifacts/train`").get("fingerprint") if run_file.is_file() else None
     have = _finished_tasks(out, n_tasks) if saved_fp == fp else 0
     back = resume.restore(out, fp, have, lambda p: _finished_tasks(p, n_tasks))
     if back:

@@ -12,10 +12,12 @@ from pathlib import Path
 from stages.runtime import artifacts
 
 # What to do about a missing or damaged file of a saved task (artifacts.read's one line).
-TASK_FIX = ("restore it with `dvc checkout artifacts/train`, or delete its task folder and run `dvc repro` "
+# `--force`: a damaged file is one DVC does not have, which a plain checkout refuses to replace.
+TASK_FIX = ("restore it with `dvc checkout --force artifacts/train`, or delete its task folder and run `dvc repro` "
             "(training resumes after the task before it)")
 # ... and of the run's own records (run.json, accuracy.json).
-RECORD_FIX = "run `dvc repro train`, or restore it with `dvc checkout artifacts/train`"
+RECORD_FIX = ("restore it with `dvc checkout --force artifacts/train`, or delete artifacts/train and run `dvc repro` "
+              "(it trains again)")
 
 
 def keeps_buffer(tasks: list[Path]) -> bool:

@@ -61,7 +61,7 @@ def save_torch(obj, path: Path) -> None:
         raise OSError(errno.EIO, f"writing it failed ({str(e).splitlines()[0].strip()})", str(path)) from None
 
 
-RESTORE = "restore it with `dvc checkout`, or delete it and run `dvc repro`"
+RESTORE = "restore it with `dvc checkout --force`, or delete it and run `dvc repro`"
 
 
 def read_json(path: Path, fix: str = RESTORE) -> dict:
