@@ -243,11 +243,42 @@ def test_a_killed_sweep_stops_its_runs_and_records_them_killed(tmp_path):
     assert run.info.status == "KILLED"
 
 
+def test_a_sweep_killed_outright_leaves_its_run_to_its_stages_not_to_a_second_sweep(tmp_path):
+    """`kill -9` of the sweep (an OOM killer, a lost login shell) leaves its run's stages going in their
+    own session; the sweep's lock on the run died with it, so the same sweep started again ran the
+    run a second time beside them (two trainings in one artifacts/train, two finished records)."""
+    _small_project(tmp_path)
+    out = tmp_path / "offline"
+    args = [sys.executable, "-m", "stages.cli", "sweep", "fidelity", "--budget", "quick", "--seeds", "1", "--only",
+            "row=er-lr0.1", "-S", "train.epochs=500", "-S", "data.imbalance_ratio=0.5", "-S", "method.buffer_size=10",
+            "--offline", str(out), "--jobs", "1", "--record", "files"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    sweep = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        while not any("task 1/5 epoch" in f.read_text() for f in out.glob("runs/*/run.log")):
+            assert sweep.poll() is None and time.time() < deadline, sweep.communicate()[1][-2000:]
+            time.sleep(0.2)
+        sweep.kill()
+        sweep.wait()
+        again = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stderr[-2000:]
+        said = again.stdout + again.stderr
+        assert "another sweep in" in said and "left to that one" in said and "started" not in said, said[-2000:]
+    finally:  # the orphaned run's stages: their own session, named by the run folder they work in
+        for proc in Path("/proc").iterdir():
+            try:
+                if os.readlink(proc / "cwd").startswith(str(out / "runs")):
+                    os.killpg(int(proc.name), signal.SIGKILL)
+            except (FileNotFoundError, PermissionError, NotADirectoryError, ProcessLookupError, ValueError):
+                continue
+
+
 def _finishing_at_once(offline, started):
     """offline._start for a run that ends at once with its metrics, as a finished one does."""
     metrics = json.dumps({"class_il": {"acc": 50.0}, "task_il": {"acc": 80.0}})
 
-    def start(run, out, base, env, log):
+    def start(run, out, base, env, log, keep=()):
         started.append(run.name)
         d = out / "runs" / run.name
         (d / "reports").mkdir(parents=True)
@@ -392,7 +423,7 @@ def test_a_done_run_under_other_params_or_training_code_runs_again(tmp_path, mon
     started = []
     metrics = json.dumps({"class_il": {"acc": 50.0}, "task_il": {"acc": 80.0}})
 
-    def start(run, out, base, env, log):
+    def start(run, out, base, env, log, keep=()):
         started.append(run.name)
         d = out / "runs" / run.name
         (d / "reports").mkdir(parents=True, exist_ok=True)

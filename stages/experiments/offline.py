@@ -201,8 +201,8 @@ def _link_data(d: Path, out: Path, params: dict, env: dict[str, str], log: Calla
         link.symlink_to(target)
 
 
-def _start(run, out: Path, base: dict, env: dict[str, str], log: Callable[[str], None] = print
-           ) -> subprocess.Popen | None:
+def _start(run, out: Path, base: dict, env: dict[str, str], log: Callable[[str], None] = print,
+           keep: tuple[int, ...] = ()) -> subprocess.Popen | None:
     d = out / "runs" / run.name
     d.mkdir(parents=True, exist_ok=True)
     params = _params(base, run.overrides)
@@ -210,16 +210,18 @@ def _start(run, out: Path, base: dict, env: dict[str, str], log: Callable[[str],
     _link_data(d, out, params, env, log)
     script = _script("train", "evaluate")
     # Named in MLflow as the sweep names it (as a queued DVC experiment would be).
-    return _spawn(script, d, {**env, "DVC_EXP_NAME": run.name}, d / "run.log")
+    return _spawn(script, d, {**env, "DVC_EXP_NAME": run.name}, d / "run.log", keep)
 
 
-def _spawn(script: str, cwd: Path, env: dict[str, str], log_file: Path) -> subprocess.Popen:
+def _spawn(script: str, cwd: Path, env: dict[str, str], log_file: Path, keep: tuple[int, ...] = ()
+           ) -> subprocess.Popen:
     """`sh -c script` in its own process group, so that the sweep can stop the run's stages, not only
     its shell (_stop). The child keeps its own copy of the log's descriptor: ours is closed at once
-    (a long sweep opens no pile of files)."""
+    (a long sweep opens no pile of files), and of `keep` (the run folder's lock: a sweep killed
+    outright leaves its run's stages going, and the lock with them, so no other sweep starts it too)."""
     with open(log_file, "a") as log:
         return subprocess.Popen(["sh", "-c", script], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_interruptible)
+                                start_new_session=True, preexec_fn=_interruptible, pass_fds=keep)
 
 
 def _interruptible() -> None:
@@ -387,7 +389,7 @@ def _run_all(runs: list, out: Path, params_file: Path, jobs: int, log: Callable[
                         skipped += 1
                     continue
                 (d / DONE).unlink(missing_ok=True)  # another stamp's: this run is not finished until it says so
-                live[r.name] = (r, _start(r, out, base, env, log), time.time(), lock)
+                live[r.name] = (r, _start(r, out, base, env, log, keep=(lock.fileno(),)), time.time(), lock)
                 log(f"started {r.name}")
             time.sleep(1.0)
             for name, (r, proc, t0, lock) in list(live.items()):
