@@ -296,3 +296,35 @@ def test_a_diverged_training_stops_with_one_line_and_keeps_nothing_half_written(
     with pytest.raises(UserError, match=r"training diverged: the loss of task 1 epoch 1 is (nan|inf); lower train.lr"):
         _train(_cfg(prepared / "raw", method={"name": "sgd"}, train={"lr": 1e30}))
     assert not list((workdir / "artifacts/train").glob("task_*"))
+
+
+def test_a_tasks_records_and_their_count_go_in_one_call(tmp_path):
+    """The epochs' points, the task's accuracies and `pbr.train.logged_tasks` were three calls: a
+    kill between the points and the count made the resumed try log the task again (each epoch
+    twice in the run's charts). One call now, and nothing of it lost."""
+    from mlflow import MlflowClient
+
+    from stages.pipeline import train
+    from stages.runtime import tracking
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("t")
+    run_id = client.create_run(exp).info.run_id
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            if name == "log_batch":
+                calls.append(name)
+            return getattr(client, name)
+
+    tracker = tracking.StageRun(tracking._MlflowRecorder(Counting(), exp), run_id)
+    rows = {"class_il": [[50.0, 0.0], [30.0, 70.0]], "task_il": [[90.0, 0.0], [80.0, 95.0]]}
+    epochs_log = [[{"epoch": e, "loss": 1.0 / (e + 1), "accuracy": 0.5} for e in range(3)],
+                  [{"epoch": e, "loss": 2.0 / (e + 1), "accuracy": 0.25} for e in range(2)]]
+    train._track_task(tracker, 1, rows, epochs_log, [3, 2])
+    assert calls == ["log_batch"]
+    run = client.get_run(run_id)
+    assert run.data.tags[train.LOGGED] == "2"
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train.loss")] == [(3, 2.0), (4, 1.0)]
+    assert run.data.metrics["class_il.seen_acc"] == 50.0 and run.data.metrics["class_il.task_acc_own"] == 70.0

@@ -114,13 +114,14 @@ def _track_task(tracker, k: int, rows: dict, epochs_log: list, epochs: list[int]
     """Per-epoch training loss/accuracy (step = global epoch) and per-task accuracy (step = task)."""
     if tracker is None:
         return
-    tracker.log_series([(sum(epochs[:k]) + e["epoch"], {"train.loss": e["loss"], "train.accuracy": 100 * e["accuracy"]})
-                        for e in epochs_log[k]])
     seen = k + 1
-    tracker.log_metrics({"class_il.seen_acc": sum(rows["class_il"][k][:seen]) / seen,
-                         "task_il.seen_acc": sum(rows["task_il"][k][:seen]) / seen,
-                         "class_il.task_acc_own": rows["class_il"][k][k]}, step=k)
-    tracker.set_tags({LOGGED: k + 1})
+    # One call: a kill between the points and the count of logged tasks made the resumed try log
+    # the task's points again (each epoch twice in the run's charts).
+    tracker.log_series([(sum(epochs[:k]) + e["epoch"], {"train.loss": e["loss"], "train.accuracy": 100 * e["accuracy"]})
+                        for e in epochs_log[k]]
+                       + [(k, {"class_il.seen_acc": sum(rows["class_il"][k][:seen]) / seen,
+                               "task_il.seen_acc": sum(rows["task_il"][k][:seen]) / seen,
+                               "class_il.task_acc_own": rows["class_il"][k][k]})], tags={LOGGED: k + 1})
 
 
 def _finished_tasks(out: Path, n_tasks: int) -> int:

@@ -124,13 +124,13 @@ class Recorder:
         d = self.home / rid
         if params:
             _replace(d / PARAMS, {**_read(d / PARAMS, {}), **{k: str(v) for k, v in params.items()}})
-        if tags:
-            _replace(d / TAGS, {**_read(d / TAGS, {}), **{k: str(v) for k, v in tags.items()}})
         lines = "".join(json.dumps({"key": k, "value": v, "timestamp": ts, "step": step}) + "\n"
                         for k, v, ts, step in metrics)
         if lines:
             with open(d / METRICS, "a") as f:
                 f.write(lines)
+        if tags:  # after the metrics: a tag saying what is logged (train's logged tasks) never runs ahead of it
+            _replace(d / TAGS, {**_read(d / TAGS, {}), **{k: str(v) for k, v in tags.items()}})
 
     def log_artifact(self, rid: str, path: Path, artifact_path: str | None = None) -> None:
         dest = self.home / rid / ARTIFACTS / (artifact_path or "")

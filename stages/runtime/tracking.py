@@ -373,14 +373,17 @@ class _MlflowRecorder:
         from mlflow.entities import Metric, Param, RunTag
 
         batch = [Metric(k, float(v), ts, step) for k, v, ts, step in metrics]
-        for i in range(0, len(batch), 500):  # MLflow's limit on a batch's metrics is 1000
-            self.client.log_batch(run_id, metrics=batch[i:i + 500])
         if params:
             items = [Param(k, str(v)) for k, v in params.items()]
-            for i in range(0, len(items), 100):  # and on its params
+            for i in range(0, len(items), 100):  # MLflow's limit on a batch's params
                 self.client.log_batch(run_id, params=items[i:i + 100])
-        if tags:
-            self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        chunks = [batch[i:i + 500] for i in range(0, len(batch), 500)] or [[]]  # and 1000 on its metrics
+        for i, chunk in enumerate(chunks):
+            # The tags with the last metrics, in one call (one request to a server): a kill of the
+            # stage cannot fall between a tag saying what is logged (train's logged tasks) and it.
+            last = tags if i == len(chunks) - 1 and tags else {}
+            if chunk or last:
+                self.client.log_batch(run_id, metrics=chunk, tags=[RunTag(k, str(v)) for k, v in last.items()])
 
     def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), artifact_path)
@@ -448,10 +451,11 @@ class StageRun:
         now = int(time.time() * 1000)
         self.rec.log(self.run_id, metrics=[(k, float(v), now, step) for k, v in metrics.items() if v is not None])
 
-    def log_series(self, rows: list[tuple[int, dict[str, float]]]) -> None:
+    def log_series(self, rows: list[tuple[int, dict[str, float]]], tags: dict[str, Any] | None = None) -> None:
+        """Metrics at several steps, and `tags` recorded with them (never one without the other)."""
         now = int(time.time() * 1000)
         self.rec.log(self.run_id, metrics=[(k, float(v), now, step) for step, d in rows for k, v in d.items()
-                                           if v is not None])
+                                           if v is not None], tags={k: str(v) for k, v in (tags or {}).items()})
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self.rec.log(self.run_id, tags={k: str(v) for k, v in tags.items()})
