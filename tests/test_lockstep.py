@@ -296,3 +296,29 @@ def test_lane_views_read_their_own_prototypes_while_the_others_do():
         sys.setswitchinterval(before)
     assert wrong == [0, 0] and not errors, (wrong, errors)
     assert lanes.skeleton.head.weight.device.type == "meta"
+
+
+def test_lanes_of_shuffled_class_orders_train_as_their_separate_runs():
+    """In the shuffled setting the class order follows the seed: lanes whose tasks hold other classes
+    (of the same counts) are laned, each as its own run."""
+    def run(seed, order):
+        m = _run(seed)
+        m.ctx.task_classes = [torch.tensor(t) for t in order]
+        return m
+
+    orders = ([[0, 1], [2, 3]], [[2, 3], [0, 1]])
+
+    def data(seed, order):
+        train, test = _data(seed)
+        remap = {old: new for old, new in zip(range(4), [c for t in order for c in t])}
+        return ([(x, y.apply_(remap.get)) for x, y in train], [(x, y.apply_(remap.get)) for x, y in test])
+
+    alone = [run(s, o) for s, o in zip(SEEDS, orders)]
+    for m, s, o in zip(alone, SEEDS, orders):
+        train_tasks(m, *data(s, o), [2, 3], 6, eval_batch_size=7, observer=Rows())
+    laned = [run(s, o) for s, o in zip(SEEDS, orders)]
+    train_laned(laned, lambda i, m: train_tasks(m, *data(SEEDS[i], orders[i]), [2, 3], 6, eval_batch_size=7,
+                                                 observer=Rows()))
+    for a, b in zip(alone, laned):
+        for (k, x), y in zip(a.net.state_dict().items(), b.net.state_dict().values()):
+            assert torch.allclose(x, y, atol=1e-9), k

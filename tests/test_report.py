@@ -809,3 +809,14 @@ def test_eval_batch_size_keeps_runs_apart_and_paper_lr_rows_show_the_paper():
     paper = PAPER_RESULTS["ordered", 0.01, "cifar10", "ER", 200]
     row = next(line for line in text.splitlines() if line.startswith("| 200 | ER (lr 0.03) |"))
     assert f"{paper[0]:.2f}" in row and f"{paper[1]:.2f}" in row, row
+
+
+def test_joint_runs_recorded_with_a_bwt_show_none():
+    """JOINT runs evaluated before the method said it has no BWT or forgetting carry them in the
+    store: the report leaves them out too (a row mixing old and new runs averaged the old ones)."""
+    p = {**BASE, "method.name": "joint", "seed": "0"}
+    runs = [RunRecord("old", p, {"class_il.acc": 60.0, "class_il.bwt": 42.5, "class_il.forgetting": -42.5}, 1),
+            RunRecord("new", {**p, "seed": "1"}, {"class_il.acc": 62.0}, 2)]
+    (g,), _ = report.group_runs(runs)
+    assert g.stats("class_il", "bwt") is None and g.stats("class_il", "forgetting") is None
+    assert g.stats("class_il", "acc")[0] == 61.0

@@ -658,7 +658,7 @@ def _journal_runs(folder: Path) -> dict[str, Path]:
     return {json.loads((d / journal.RUN).read_text())["status"]: d for d in home.iterdir() if (d / journal.RUN).is_file()}
 
 
-@pytest.mark.parametrize("damage", ["params", "tags", "metric line", "run.json", "artifacts"])
+@pytest.mark.parametrize("damage", ["params", "tags", "metric line", "run.json"])
 def test_a_damaged_journal_run_is_skipped_by_name_and_comes_with_a_later_whole_copy(plain, template, tmp_path, damage):
     """A file cut short by a partial copy: the run was imported whole-looking (params {} or a random
     name, no pbr.complete) and a later import of the intact copy saw it as present; an edited metric
@@ -668,12 +668,10 @@ def test_a_damaged_journal_run_is_skipped_by_name_and_comes_with_a_later_whole_c
     if damage in ("params", "tags", "run.json"):
         f = run / {"params": journal.PARAMS, "tags": journal.TAGS, "run.json": journal.RUN}[damage]
         f.write_bytes(f.read_bytes()[:20])
-    elif damage == "metric line":
+    else:
         lines = (run / journal.METRICS).read_text().splitlines(keepends=True)
         lines[3] = json.dumps({"key": "train.loss", "value": "abc", "timestamp": 1, "step": 3}) + "\n"
         (run / journal.METRICS).write_text("".join(lines))
-    else:
-        shutil.rmtree(run / journal.ARTIFACTS)
     target = _store(template, tmp_path / "project")
     said = []
     out = sync.import_runs(str(folder), target, "pbr", log=said.append)
@@ -741,3 +739,27 @@ def test_two_copies_of_one_run_become_one_and_a_failed_copy_is_not_left(source, 
         sync.import_runs(str(source), other, "pbr", log=lambda m: None)
     c2, exp2 = tracking.open_experiment(other, "pbr")
     assert c2.search_runs([exp2]) == []  # active runs: the part copy was deleted at once
+
+
+def test_a_torn_metrics_line_in_the_middle_and_a_run_without_artifacts_import(plain, template, tmp_path):
+    """A try killed mid-line, then joined by the next try: its points went on the torn line (now a
+    line of their own, and an older journal's glued line still reads). A KILLED run packed by
+    bench_runs_gpu (files only: its empty artifacts/ dropped) imports, without artifacts."""
+    rec = journal.Recorder(tmp_path / "j", "pbr")
+    rid = rec.create({"mlflow.runName": "torn"})
+    rec.log(rid, metrics=[("train.loss", 2.0, 1, 0), ("train.loss", 1.5, 2, 1)])
+    metrics = tmp_path / "j/pbr" / rid / journal.METRICS
+    metrics.write_bytes(metrics.read_bytes()[:-20])  # the kill, mid-line
+    rec.log(rid, metrics=[("train.loss", 1.0, 3, 1)])  # the next try
+    glued = tmp_path / "glued.jsonl"  # what the older writer left
+    glued.write_text(metrics.read_text().replace('\n{"key": "train.loss", "value": 1.0', '{"key": "train.loss", "value": 1.0'))
+    rec.set_status(rid, "KILLED")
+    shutil.rmtree(tmp_path / "j/pbr" / rid / journal.ARTIFACTS)
+    reader = journal.Reader(tmp_path / "j")
+    for text in (metrics.read_text(), glued.read_text()):
+        metrics.write_text(text)
+        [run] = reader.search_runs(["pbr"])
+        assert not reader.damaged and run.data.metrics == {"train.loss": 1.0}
+        assert [(m.step, m.value) for m in reader.get_metric_history(rid, "train.loss")] == [(0, 2.0), (1, 1.0)]
+    out = sync.import_runs(str(tmp_path / "j"), _store(template, tmp_path / "project"), "pbr", log=lambda m: None)
+    assert out.imported == 1

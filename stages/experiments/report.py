@@ -186,6 +186,8 @@ class Group:
         cls = _method(self.runs[0].params.get("method.name", "")) if self.runs else None
         if mode == "class_il" and cls is not None and not cls.class_il:
             return []  # no Class-IL prediction (PNN): "-" as in the paper
+        if metric in ("bwt", "forgetting") and cls is not None and not cls.learns_each_task:
+            return []  # JOINT's earlier rows are an untrained network's (runs evaluated before it said so too)
         return [v for r in self.runs if (v := _finite(r, f"{mode}.{metric}")) is not None]
 
     def by_seed(self, mode: str, metric: str) -> dict[str, float]:

@@ -66,6 +66,18 @@ def _run_folders(home: Path) -> Iterator[tuple[Path, dict]]:
             yield d, info
 
 
+def _ends_mid_line(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except FileNotFoundError:
+        return False
+
+
 def _replace(path: Path, value: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(value, indent=1, sort_keys=True))
@@ -127,6 +139,10 @@ class Recorder:
         lines = "".join(json.dumps({"key": k, "value": v, "timestamp": ts, "step": step}) + "\n"
                         for k, v, ts, step in metrics)
         if lines:
+            # A try killed mid-line left the file without its last newline: this try's points start
+            # on a line of their own, not glued to the torn one.
+            if _ends_mid_line(d / METRICS):
+                lines = "\n" + lines
             with open(d / METRICS, "a") as f:
                 f.write(lines)
         if tags:  # after the metrics: a tag saying what is logged (train's logged tasks) never runs ahead of it
@@ -180,14 +196,19 @@ class Reader:
         except FileNotFoundError:
             return []
         out = []
-        lines = text.splitlines()
-        for i, line in enumerate(lines):
+        for i, line in enumerate(text.splitlines()):
             try:
                 m = json.loads(line)
             except json.JSONDecodeError:
-                if i == len(lines) - 1 and not text.endswith("\n"):  # a process killed while writing it
+                # Torn by a process killed while writing it (the lines are only ever appended): skipped,
+                # or, where an older version's writer glued the next try's first point to it, that point.
+                start = line.rfind('{"key"')
+                try:
+                    m = json.loads(line[start:]) if start > 0 else None
+                except json.JSONDecodeError:
+                    m = None
+                if m is None:
                     continue
-                raise Damaged(f"{METRICS} line {i + 1} cannot be read") from None
             if not (isinstance(m, dict) and isinstance(m.get("key"), str) and _number(m.get("value"))
                     and all(isinstance(m.get(k), int) and not isinstance(m.get(k), bool) for k in ("timestamp", "step"))):
                 raise Damaged(f"{METRICS} line {i + 1} is not a metric point (key, value, timestamp, step)")
@@ -204,9 +225,7 @@ class Reader:
             if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
                 raise Damaged(f"{name} cannot be read as {{name: text}}")
             found.append(value)
-        if not (d / ARTIFACTS).is_dir():
-            raise Damaged(f"its {ARTIFACTS}/ folder is missing")
-        return found[0], found[1]
+        return found[0], found[1]  # no artifacts/ (an archive of files only drops an empty one): none
 
     def _damaged_run_json(self, home: Path) -> Iterator[Path]:
         """Folders that hold a run.json this module never leaves (it replaces it whole): a copy

@@ -379,8 +379,9 @@ class _MlflowRecorder:
                 self.client.log_batch(run_id, params=items[i:i + 100])
         chunks = [batch[i:i + 500] for i in range(0, len(batch), 500)] or [[]]  # and 1000 on its metrics
         for i, chunk in enumerate(chunks):
-            # The tags with the last metrics, in one call (one request to a server): a kill of the
-            # stage cannot fall between a tag saying what is logged (train's logged tasks) and it.
+            # The tags with the last metrics, in one call (one request to a server; MLflow's sqlite
+            # store commits them a moment apart): a tag saying what is logged (train's logged tasks)
+            # and what it says are not left apart by a kill between two calls.
             last = tags if i == len(chunks) - 1 and tags else {}
             if chunk or last:
                 self.client.log_batch(run_id, metrics=chunk, tags=[RunTag(k, str(v)) for k, v in last.items()])
