@@ -9,7 +9,7 @@ import pytest
 
 import fakedata
 from conftest import ROOT
-from project import tree_bytes
+from project import BIN, env, tree_bytes
 from stages.runtime.config import Config, ConfigError, from_dict
 
 # Every parameter with the invalid values a user can write for it (the keys methods declare: below).
@@ -452,6 +452,23 @@ def test_a_network_too_big_for_memory_leaves_the_saved_run_alone(tmp_path, train
     monkeypatch.setattr(train, "build_method", allocate)
     _one_line_error(pbr(repo, "train"), "model.width = 1024: the network does not fit in cpu's memory")
     assert sorted(p.name for p in (repo / "artifacts/train").iterdir()) == before
+
+
+def test_a_run_killed_while_scoring_keeps_its_training_to_take_back(tmp_path, trained):
+    """A queued run killed while scoring (a SLURM time limit) is queued again from the baseline's
+    outputs: the store of its training went when scoring started, so it trained again from the first
+    task. It goes when the evaluation ends."""
+    repo = tmp_path / "repo"
+    shutil.copytree(trained, repo)
+    e = {**env(), "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}"}
+    r = subprocess.run([str(BIN / "pbr"), "score"], cwd=repo, env={**e, "PBR_KILL_AT": "score:after_task1"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == -9, r.stderr[-2000:]
+    assert any((repo / ".pbr/resume").glob("*/task_00"))
+    for stage in ("score", "evaluate"):
+        r = subprocess.run([str(BIN / "pbr"), stage], cwd=repo, env=e, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert any((repo / ".pbr/resume").glob("*/task_00")) == (stage == "score"), stage
 
 
 def test_evaluate_lets_the_trained_runs_resume_store_go_and_tasks_without_run_json_start_over(tmp_path, trained, pbr):

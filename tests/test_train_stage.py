@@ -251,7 +251,9 @@ def test_dvc_deps_of_train_are_what_the_resume_fingerprint_hashes(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     deps = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["train"]["deps"]
-    assert deps == ["data/prepared", *paths.TRAIN_CODE]
+    assert deps == ["data/prepared", *paths.TRAIN_CODE, *paths.CONFIG_CODE]
+    score = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["score"]["deps"]
+    assert score == ["data/prepared", "artifacts/train", *paths.SCORE_CODE, *paths.CONFIG_CODE, "stages/runtime/plots.py"]
     for d in ("pbr", "stages"):
         shutil.copytree(root / d, tmp_path / d, ignore=shutil.ignore_patterns("__pycache__"))
     before = train.code_hash(tmp_path)
@@ -259,8 +261,12 @@ def test_dvc_deps_of_train_are_what_the_resume_fingerprint_hashes(tmp_path):
     for f in ("stages/experiments/report.py", "pbr/metrics.py", "stages/pipeline/evaluate.py"):
         (tmp_path / f).write_text((tmp_path / f).read_text() + "\n# an edit\n")
     assert train.code_hash(tmp_path) == before
+    scoring = train.code_hash(tmp_path, paths.SCORE_CODE)
     (tmp_path / "pbr/methods/er.py").write_text((tmp_path / "pbr/methods/er.py").read_text() + "\n# an edit\n")
     assert train.code_hash(tmp_path) != before
+    # A scoring's parts are taken back only under its code, the network's included (it hashed two files).
+    (tmp_path / "pbr/models/heads.py").write_text((tmp_path / "pbr/models/heads.py").read_text() + "\n# an edit\n")
+    assert train.code_hash(tmp_path, paths.SCORE_CODE) != scoring
 
 
 def test_every_library_module_training_loads_is_in_the_fingerprint_or_shapes_no_weights():

@@ -116,7 +116,6 @@ def run(cfg, log=print, tracker=None) -> dict:
     summary = finished_summary()
     manifest = load_manifest(paths.PREPARED)
     check_trained(cfg, manifest)
-    let_the_resume_store_go()  # here too: offline sweeps and `dvc repro evaluate` start no scoring
     n_tasks, n_classes = manifest["n_tasks"], manifest["n_classes"]
     minority = minority_tasks(manifest["task_train_counts"])
     out = paths.EVAL
@@ -176,6 +175,10 @@ def run(cfg, log=print, tracker=None) -> dict:
             if f.suffix in (".csv", ".png"):
                 tracker.log_artifact(f, "evaluate")
         tracker.set_tags({**saved_run_tags(), **dvc_lock_hashes(), "pbr.complete": "true"})
+    # Last: a run killed before here (in scoring or evaluating) and queued again starts from the
+    # baseline's outputs, so its training is taken back from the store rather than done again.
+    let_the_resume_store_go()
+
     def f(scen: str, key: str) -> str:
         v = result[scen].get(key)
         return "-" if v is None else f"{v:.2f}"

@@ -37,13 +37,12 @@ def _fingerprint(last, T, tau, batch_size, dropout, backbone, seed, device) -> s
     scoring's settings and code. A killed scoring with the same fingerprint takes its tasks back."""
     run = artifacts.read_json(paths.TRAIN / "run.json").get("fingerprint") if (
         paths.TRAIN / "run.json").is_file() else None
-    code = hashlib.sha256()
-    root = Path(__file__).resolve().parents[2]
-    for f in ("stages/pipeline/score.py", "pbr/uncertainty.py"):
-        code.update((root / f).read_bytes())
+    from stages.runtime.paths import SCORE_CODE, code_hash
+
+    # All of it (the network's and the method's too): tasks scored by other code are not taken back.
     blob = json.dumps({"kind": "score", "run": run, "final": hashlib.sha256(last.read_bytes()).hexdigest(),
                        "settings": [T, tau, batch_size, dropout, backbone, seed], "device": device.type,
-                       "code": code.hexdigest()}, sort_keys=True)
+                       "code": code_hash(entries=SCORE_CODE)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -187,10 +186,7 @@ def run(cfg, log=print, tracker=None) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from stages.pipeline.trained import let_the_resume_store_go
-
     sc, last = _setup(cfg)
-    let_the_resume_store_go()
     n_tasks = sc.manifest["n_tasks"]
     fp = _fingerprint(last, sc.T, sc.tau, sc.batch_size, sc.dropout, sc.backbone, cfg.seed, sc.device)
     parts, start = _take_back(fp, n_tasks)

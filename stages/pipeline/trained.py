@@ -150,9 +150,10 @@ def saved_run_tags() -> dict:
 
 
 def let_the_resume_store_go() -> None:
-    """The score and evaluate stages' first step: the trained run is complete and, under DVC,
-    committed (both depend on it), so the copy of its tasks kept for a killed `dvc exp run`
-    (stages/runtime/resume.py) is no longer needed."""
+    """The evaluate stage's last step: the pipeline of the trained run is complete and, under DVC,
+    its training committed, so the copy of its tasks kept for a killed `dvc exp run` or queued run
+    (stages/runtime/resume.py) is no longer needed. Not sooner: a queued run killed while scoring
+    is run again from the baseline's outputs, and would train again from the first task."""
     from stages.runtime import resume
 
     record = saved_run()

@@ -19,6 +19,14 @@ DVC_LOCK = Path("dvc.lock")
 TRAIN_CODE = ("pbr/methods", "pbr/memory", "pbr/models", "pbr/buffer.py", "pbr/selection.py", "pbr/rng.py", "pbr/loop.py",
               "pbr/uncertainty.py", "pbr/data/augment.py", "pbr/data/facts.py", "pbr/data/shards.py", "stages/pipeline/train.py",
               "stages/pipeline/trained.py", "stages/pipeline/run_settings.py", "stages/runtime/hardware.py")
+# The code that shapes a scoring's numbers: the score stage's DVC deps (besides its inputs and the
+# plots' module) and what its resume fingerprint hashes.
+SCORE_CODE = ("pbr/uncertainty.py", "pbr/methods", "pbr/memory", "pbr/models", "pbr/data/augment.py", "pbr/data/facts.py",
+              "pbr/data/shards.py", "pbr/rng.py", "stages/pipeline/trained.py", "stages/pipeline/run_settings.py",
+              "stages/pipeline/score.py")
+# How params.yaml is read and its `auto` values resolved: a DVC dep of both, so an edit reruns them,
+# not fingerprinted (the resolved values are), so a rerun whose values did not change resumes.
+CONFIG_CODE = ("stages/runtime/config.py", "stages/runtime/yaml12.py")
 
 
 def anchor(cwd: Path | None = None) -> Path:
@@ -52,12 +60,12 @@ def from_repo(path: str | Path, cwd: Path | None = None) -> Path:
     return path if path.is_absolute() else anchor(cwd) / path
 
 
-def code_hash(root: Path | None = None) -> str:
-    """sha256 of the code that shapes the trained weights (paths.TRAIN_CODE, also the train stage's
-    DVC deps): an edit elsewhere (report, metrics, plots) keeps a finished or killed run."""
+def code_hash(root: Path | None = None, entries: tuple[str, ...] = TRAIN_CODE) -> str:
+    """sha256 of the code that shapes the trained weights (TRAIN_CODE, also the train stage's DVC
+    deps), or of `entries`: an edit elsewhere (report, metrics, plots) keeps a finished or killed run."""
     root = root or Path(__file__).resolve().parents[2]
     h = hashlib.sha256()
-    for entry in TRAIN_CODE:
+    for entry in entries:
         p = root / entry
         for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
             h.update(f.relative_to(root).as_posix().encode())
