@@ -48,6 +48,26 @@ def test_dvc_repro_prepare(tmp_path):
     assert _manifest(repo)["class_order"] != list(range(10))
 
 
+def test_replaced_raw_data_never_comes_back_from_dvcs_run_cache(tmp_path):
+    """The documented step after replacing the raw data (`dvc repro -f -s prepare`) rebuilt the
+    current setting; a setting run before was then restored by DVC's run cache (params only) built
+    from the old archive, and trained on."""
+    raw = tmp_path / "raw"
+    fakedata.write_cifar(raw, 10, 60, 3, form="archive")
+    repo = make_project(tmp_path / "repo", data__root=str(raw), data__download=False, data__imbalance_ratio=0.5,
+                        data__n_tasks=5)
+    dvc(repo, "repro", "prepare")
+    set_params(repo, data__imbalance_ratio=0.1)
+    dvc(repo, "repro", "prepare")
+    fakedata.write_cifar(raw, 10, 70, 3, form="archive")  # the raw data replaced
+    dvc(repo, "repro", "-f", "-s", "prepare")
+    new = _manifest(repo)["raw"]["content_sha256"]
+    set_params(repo, data__imbalance_ratio=0.5)  # a setting run before the replacement
+    said = dvc(repo, "repro", "prepare").stdout
+    assert "is cached" not in said and _manifest(repo)["raw"]["content_sha256"] == new, said
+    assert max(_manifest(repo)["train_counts"]) == 70
+
+
 @pytest.mark.parametrize("dataset,form,ir,n_tasks", [
     ("cifar100", "folder", 0.1, 10),
     ("tinyimagenet", "zip", 0.1, 10),
