@@ -146,9 +146,20 @@ def test_joint_has_no_backward_transfer_or_forgetting(tmp_path, finished, monkey
     monkeypatch.chdir(repo)
     cfg = load_config(repo / "params.yaml")
     train.run(cfg, log=lambda *_: None)
-    said = []
+    said, figs = [], {}
+    from stages.runtime import plots
+
+    save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda plt, fig, path: (figs.setdefault(path.name, fig), save(plt, fig, path)))
     evaluate.run(cfg, log=said.append)
     metrics = json.loads((repo / "reports/metrics.json").read_text())
     for scen in ("class_il", "task_il"):
         assert {"acc", "minority_acc"} <= set(metrics[scen]) and not {"bwt", "forgetting"} & set(metrics[scen])
     assert "BWT - forgetting -" in said[-1], said[-1]
+    # Its figures draw the last row only: the earlier ones are no results.
+    for ax in figs["matrices.png"].axes[:2]:
+        assert {round(t.get_position()[1]) for t in ax.texts} == {4}, ax.get_title()
+    import math
+
+    assert {x for line in figs["class_il_curves.png"].axes[0].get_lines()
+            for x, y in zip(line.get_xdata(), line.get_ydata()) if not math.isnan(y)} == {4}

@@ -820,3 +820,17 @@ def test_joint_runs_recorded_with_a_bwt_show_none():
     (g,), _ = report.group_runs(runs)
     assert g.stats("class_il", "bwt") is None and g.stats("class_il", "forgetting") is None
     assert g.stats("class_il", "acc")[0] == 61.0
+
+
+def test_a_papers_mark_stands_only_beside_runs_of_its_task_count():
+    """The paper's Seq-CIFAR-100-LT has 10 tasks: beside 5-task runs its diamond read as a
+    like-for-like comparison (the table says "[paper x, 10 tasks]" there)."""
+    from stages.experiments.report_figures import table_figure
+
+    p = {**BASE, "seed": "0", "train.device": "cpu", "method.name": "er", "data.dataset": "cifar100"}
+    for n_tasks, marked in (("5", False), ("10", True)):
+        groups, _ = report.group_runs([RunRecord("r", {**p, "data.n_tasks": n_tasks},
+                                                 {"class_il.acc": 20.0, "task_il.acc": 60.0})])
+        (title, gs, paper), = report.figure_tables(groups, "acc")
+        panels = _drawn(table_figure(title, gs, "acc", paper))
+        assert all(("paper" in panel) == marked for panel in panels.values()), (n_tasks, panels)

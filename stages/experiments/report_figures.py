@@ -58,7 +58,9 @@ def table_figure(title: str, groups, metric: str = "acc", paper: bool = True):
                     seeds_x += v
                     seeds_y += [y + SEED_OFFSET] * len(v)
                     means.append((y, statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0))
-                mark = g.paper()[0 if mode == "class_il" else 1] if paper else None
+                # Beside runs of the paper's task count only (the table says "[paper x, 10 tasks]" otherwise).
+                alike = g.n_tasks in (None, g.paper_n_tasks())
+                mark = g.paper()[0 if mode == "class_il" else 1] if paper and alike else None
                 if mark is not None:
                     paper_x.append(mark)
                     paper_y.append(y)

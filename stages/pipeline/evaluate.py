@@ -153,11 +153,21 @@ def run(cfg, log=print, tracker=None) -> dict:
     artifacts.write_csv(out / "buffer_final.csv", [{"class": c, "count": v} for c, v in enumerate(hist[-1])])
     faults.point("evaluate:partial")
 
-    plots.heatmaps({"Class-IL": summary["class_il"]["matrix"], "Task-IL": summary["task_il"]["matrix"]},
-                   out / "matrices.png")
-    plots.task_curves(summary["class_il"]["matrix"], "Class-IL accuracy of each task", out / "class_il_curves.png")
-    plots.bars_by_task(norms, "||w_c||", "Classifier weight norm per class (biased prototypes)",
-                       out / "weight_norms.png")
+    def shown(m):  # JOINT's rows before the last are an untrained network's: not drawn as results
+        return m if method.learns_each_task else [[float("nan")] * len(r) for r in m[:-1]] + [m[-1]]
+
+    drawn = {name: shown(summary[s]["matrix"]) for name, s in (("Class-IL", "class_il"), ("Task-IL", "task_il"))
+             if s in modes}
+    plots.heatmaps(drawn, out / "matrices.png", note="" if method.learns_each_task else
+                   f"{method.label} learns at the last task only: its earlier rows are left out")
+    plots.task_curves(drawn.get("Class-IL"), "Class-IL accuracy of each task" if "Class-IL" in drawn else
+                      f"{method.label} has no Class-IL prediction (it is asked with the task's id)",
+                      out / "class_il_curves.png")
+    seen = [set().union(*map(set, manifest["task_classes"][: k + 1])) for k in range(n_tasks)]
+    cosine = summary["settings"].get("head") == "cosine"
+    plots.bars_by_task([[v if c in seen[k] else float("nan") for c, v in enumerate(norms[k])] for k in range(n_tasks)],
+                       "||w_c||", "Classifier weight norm per class seen (biased prototypes)" +
+                       ("; a cosine head's logits use w_c / ||w_c||" if cosine else ""), out / "weight_norms.png")
     plots.bars_by_task(hist, "samples in buffer", "Buffer class histogram after each task",
                        out / "buffer_histogram.png")
 

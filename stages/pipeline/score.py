@@ -264,7 +264,7 @@ def _summaries(data: dict, manifest: dict, tracker) -> dict:
     plots.scatter([r["count"] for r in by_class], [r["mean_mi"] for r in by_class], "training images of the class",
                   "mean MI (own-task model)", "Uncertainty against class frequency", out / "uncertainty_vs_frequency.png")
     plots.histograms({"forgotten": forgotten.tolist(), "kept": kept.tolist()}, "MI (own-task model)",
-                     "Forgotten vs kept training samples", out / "forgotten_vs_kept.png")
+                     "Forgotten vs kept training samples", out / "forgotten_vs_kept.png", bins=edges)
     summary = {"score.mean_mi": float(data["mi"][train].mean()),
                "score.forgotten_rate": rate(data["forgotten"][learned]),
                "score.mi_forgotten": float(forgotten.mean()) if forgotten.size else nan,

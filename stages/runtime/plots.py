@@ -24,31 +24,44 @@ def _save(plt, fig, path: Path) -> None:
     artifacts.write_bytes(path, buf.getvalue())
 
 
-def heatmaps(matrices: dict[str, list[list[float]]], path: Path) -> None:
-    """R[j][i] for each scenario side by side: rows = after task j, columns = test task i."""
+def heatmaps(matrices: dict[str, list[list[float]]], path: Path, note: str = "") -> None:
+    """R[j][i] for each scenario side by side: rows = after task j, columns = test task i. A task not
+    yet learned (i > j; Class-IL masks its classes, Task-IL would read chance) and a NaN entry (a row
+    that means nothing) are grey, without a number."""
     import numpy as np
 
     plt, (fig, axes) = _figure(1, len(matrices), figsize=(4.8 * len(matrices), 4.2), layout="constrained")
     axes = np.atleast_1d(axes)
+    cmap = plt.get_cmap("viridis").with_extremes(bad="0.85")
     for ax, (title, m) in zip(axes, matrices.items()):
         a = np.asarray(m, dtype=float)
-        im = ax.imshow(a, vmin=0, vmax=100, cmap="viridis")
+        a[np.triu_indices(a.shape[0], 1, a.shape[1])] = np.nan
+        im = ax.imshow(np.ma.masked_invalid(a), vmin=0, vmax=100, cmap=cmap)
         for (j, i), v in np.ndenumerate(a):
-            ax.text(i, j, f"{v:.0f}", ha="center", va="center", fontsize=8, color="w" if v < 60 else "k")
+            if not np.isnan(v):
+                ax.text(i, j, f"{v:.0f}", ha="center", va="center", fontsize=8, color="w" if v < 60 else "k")
         ax.set_title(f"{title} accuracy (%)")
         ax.set_xlabel("test task i")
         ax.set_ylabel("after task j")
         ax.set_xticks(range(a.shape[1]))
         ax.set_yticks(range(a.shape[0]))
     fig.colorbar(im, ax=axes.tolist(), shrink=0.8, location="right")
+    fig.suptitle("grey: a task not learned yet" + (f"; {note}" if note else ""), fontsize=8, y=0.02, va="bottom")
     _save(plt, fig, path)
 
 
-def task_curves(matrix: list[list[float]], title: str, path: Path) -> None:
+def task_curves(matrix: list[list[float]] | None, title: str, path: Path) -> None:
+    """Each task's accuracy after each task from its own on; None: a figure that says `title` only
+    (the file is a declared output, also for a method with no such accuracies)."""
     import numpy as np
 
-    a = np.asarray(matrix, dtype=float)
     plt, (fig, ax) = _figure(figsize=(6, 4))
+    if matrix is None:
+        ax.set_axis_off()
+        ax.set_title(title)
+        _save(plt, fig, path)
+        return
+    a = np.asarray(matrix, dtype=float)
     for i in range(a.shape[1]):
         ax.plot(range(i, a.shape[0]), a[i:, i], marker="o", label=f"task {i}")
     ax.plot(range(a.shape[0]), [np.mean(a[j, : j + 1]) for j in range(a.shape[0])], "k--", label="mean (seen)")
@@ -60,7 +73,8 @@ def task_curves(matrix: list[list[float]], title: str, path: Path) -> None:
 
 
 def bars_by_task(values: list[list[float]], ylabel: str, title: str, path: Path) -> None:
-    """One bar group per class, one bar per task snapshot (weight norms, buffer histogram)."""
+    """One bar group per class, one bar per task snapshot (weight norms, buffer histogram); a NaN
+    value (a class not seen yet) draws no bar."""
     import numpy as np
 
     a = np.asarray(values, dtype=float)  # [tasks, classes]
@@ -88,7 +102,9 @@ def scatter(x, y, xlabel: str, ylabel: str, title: str, path: Path, logx: bool =
     _save(plt, fig, path)
 
 
-def histograms(series: dict[str, list[float]], xlabel: str, title: str, path: Path, bins: int = 30) -> None:
+def histograms(series: dict[str, list[float]], xlabel: str, title: str, path: Path, bins=30) -> None:
+    """`bins`: a count, or the edges every series shares (else each is binned over its own range, and
+    two samples of one distribution look different)."""
     plt, (fig, ax) = _figure(figsize=(6, 4))
     for label, values in series.items():
         if len(values):

@@ -1,0 +1,46 @@
+"""What the stages' PNGs draw, read off the figures before they are saved (stages/runtime/plots.py)."""
+
+import math
+
+import pytest
+
+from stages.runtime import plots
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures the plots module would save, kept open to read."""
+    figs = []
+    monkeypatch.setattr(plots, "_save", lambda plt, fig, path: figs.append(fig))
+    return figs
+
+
+def test_a_task_not_learned_yet_is_grey_not_a_number(drawn, tmp_path):
+    """Above the diagonal Class-IL is 0 by its mask and Task-IL is chance on untrained classes: both
+    were coloured and numbered as if measured. A NaN row (JOINT's before the last) is grey too."""
+    m = [[80.0, 99.0, 99.0], [60.0, 70.0, 99.0], [50.0, 55.0, 65.0]]
+    plots.heatmaps({"Task-IL": m, "JOINT": [[math.nan] * 3, [math.nan] * 3, [40.0, 45.0, 50.0]]}, tmp_path / "m.png")
+    (fig,) = drawn
+    ax, joint = fig.axes[0], fig.axes[1]
+    assert sorted(t.get_text() for t in ax.texts) == sorted(["80", "60", "70", "50", "55", "65"])
+    image = ax.get_images()[0].get_array()
+    assert [bool(image.mask[j][i]) for j in range(3) for i in range(3)] == [i > j for j in range(3) for i in range(3)]
+    assert sorted(t.get_text() for t in joint.texts) == ["40", "45", "50"]
+
+
+def test_forgotten_and_kept_share_their_bins(drawn, tmp_path, monkeypatch):
+    """The score stage's histogram binned each series over its own range: two samples of one
+    distribution looked unlike (bars ten times wider for the wider one)."""
+    import numpy as np
+
+    from stages.pipeline import score
+
+    monkeypatch.chdir(tmp_path)
+    n = 8
+    data = {"split": np.array(["train"] * n), "label": np.array([0] * 4 + [1] * 4), "task": np.zeros(n, int),
+            "mi": np.array([0.01, 0.012, 0.015, 0.011, 0.001, 0.1, 0.19, 0.05]), "entropy": np.zeros(n),
+            "correct_own": np.full(n, True), "forgotten": np.array([True] * 4 + [False] * 4)}
+    score._summaries(data, {"train_counts": [4, 4], "class_order": [0, 1], "class_names": ["a", "b"], "n_tasks": 2},
+                     None)
+    (hist,) = [f for f in drawn if f.axes[0].get_title() == "Forgotten vs kept training samples"]
+    assert len({round(p.get_width(), 9) for p in hist.axes[0].patches}) == 1
