@@ -162,7 +162,8 @@ def test_csv_written_atomically_with_one_row_per_group(env, tmp_path):
                    "buffer_size": "200", "n_runs": "3", "class_il_mean": "53.0000", "class_il_std": "3.6056",
                    "task_il_mean": "90.0000", "task_il_std": "2.0000", "paper_class_il": "51.0000",
                    "paper_task_il": "89.9900", "metric": "acc", "n_tasks": "5", "paper_n_tasks": "5",
-                   "device": "cpu", "precision": "fp32", "n_seeds": "3", "class_il_n": "3", "task_il_n": "3"}
+                   "device": "cpu", "precision": "fp32", "n_seeds": "3", "class_il_n": "3", "task_il_n": "3",
+                   "seeds": "0-2"}
     sgd = next(r for r in rows if r["method"] == "SGD")
     # one seed: no spread to give (it read 0.0000, three seeds without any)
     assert sgd["buffer_size"] == "" and sgd["n_runs"] == "1" and sgd["class_il_std"] == "" and sgd["class_il_n"] == "1"
@@ -321,6 +322,14 @@ def test_cli(env, tmp_path, pbr_main):
     assert r.returncode == 0 and "| 200 | PBR | 51.00 ± 1.41 (n=2) [paper 51.00]" in r.stdout
     assert "runs of differing settings; seeds 0-1 only)" in r.stdout.splitlines()[0]
     full = (tmp_path / "reports" / "report.csv").read_text()
+    # Its files replace the full report's: the CSV names each row's seeds, the figures' titles say so.
+    import csv as csv_module
+
+    assert {row["seeds"] for row in csv_module.DictReader(full.splitlines())} <= {"0-1", "0"}
+    from stages.experiments.report_figures import table_figure
+
+    (title, gs, paper), _ = report.figure_tables(report.run(tracking_uri=env, csv_path=None, seeds=[0, 1]).groups, "acc")
+    assert table_figure(title, gs, "acc", paper, [0, 1])._suptitle.get_text().endswith("seeds 0-1 only")
     r = pbr_main("report", "--seeds", "7-9", "--no-log", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": env})
     assert r.returncode == 0 and r.stdout.startswith("No finished pipeline runs of seeds 7-9 in MLflow experiment")
     # The store has runs, none of those seeds: the last report's files stay (they were emptied).

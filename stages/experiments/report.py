@@ -97,7 +97,7 @@ IGNORED_PARAMS = frozenset({"seed", "data.root", "data.download", "data.shard_mb
 CSV_COLUMNS = ("budget", "setting", "imbalance_ratio", "dataset", "method", "buffer_size", "n_runs",
                "class_il_mean", "class_il_std", "task_il_mean", "task_il_std",
                "paper_class_il", "paper_task_il", "metric", "n_tasks", "paper_n_tasks", "device", "precision",
-               "n_seeds", "class_il_n", "task_il_n")
+               "n_seeds", "class_il_n", "task_il_n", "seeds")
 
 
 def _default_uri() -> str:
@@ -779,6 +779,8 @@ def csv_rows(groups: list[Group], metric: str = "acc") -> list[dict[str, str]]:
             "device": g.device, "precision": g.precision,
             "n_seeds": str(len({r.params.get("seed", "") for r in g.runs})),
             "class_il_n": str(c[2] if c else 0), "task_il_n": str(t[2] if t else 0),
+            # Which: a report of some seeds (`--seeds`) writes the same file as the full one.
+            "seeds": seed_text(s for r in g.runs if (s := r.params.get("seed", "")).isdigit()),
         })
     return rows
 
@@ -902,7 +904,7 @@ def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, m
     if figures_dir is not None:
         from stages.experiments.report_figures import write_figures
 
-        rep.figures = write_figures(figure_tables(groups, metric), metric, Path(figures_dir))
+        rep.figures = write_figures(figure_tables(groups, metric), metric, Path(figures_dir), seeds)
     if log_mlflow:
         try:
             rep.mlflow_run = log_to_mlflow(uri, experiment, rep, metric)

@@ -30,7 +30,7 @@ def _row_name(label: str, buffer: int | None) -> str:
     return label if buffer is None else f"{label} · {buffer}"
 
 
-def table_figure(title: str, groups, metric: str = "acc", paper: bool = True):
+def table_figure(title: str, groups, metric: str = "acc", paper: bool = True, seeds=None):
     """The matplotlib Figure of one table's groups (stages.experiments.report.Group, in the report's order).
     `paper`: mark the paper's numbers (the report prints them for acc on the full protocol)."""
     from matplotlib.figure import Figure
@@ -88,16 +88,20 @@ def table_figure(title: str, groups, metric: str = "acc", paper: bool = True):
     fig.legend(handles=legend, loc="outside lower center", ncols=len(legend), fontsize=9, frameon=False)
     machines = {(g.device, g.precision) for g in groups}
     where = f", ran on {machine_text(*machines.pop())}" if len(machines) == 1 else ""
-    fig.suptitle(f"{title.lstrip('# ')}: {metric.upper()}{where}")
+    from stages.experiments.report import seed_text
+
+    # A report of some seeds (`--seeds`) writes the same files as the full one: its figures say so.
+    only = f", seeds {seed_text(seeds)} only" if seeds is not None else ""
+    fig.suptitle(f"{title.lstrip('# ')}: {metric.upper()}{where}{only}")
     return fig
 
 
-def write_figures(tables, metric: str, folder: Path = DEFAULT_DIR) -> list[Path]:
+def write_figures(tables, metric: str, folder: Path = DEFAULT_DIR, seeds=None) -> list[Path]:
     """One PNG per table ((title, groups, paper marks?) in report order), each written atomically;
     this metric's figures of tables no longer in the report are removed. Returns the paths."""
     written = []
     for title, groups, paper in tables:
-        fig = table_figure(title, groups, metric, paper)
+        fig = table_figure(title, groups, metric, paper, seeds)
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=110)
         path = Path(folder) / f"{slug(title, metric)}.png"
