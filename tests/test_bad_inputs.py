@@ -454,7 +454,7 @@ def test_a_network_too_big_for_memory_leaves_the_saved_run_alone(tmp_path, train
     assert sorted(p.name for p in (repo / "artifacts/train").iterdir()) == before
 
 
-def test_a_run_killed_while_scoring_keeps_its_training_to_take_back(tmp_path, trained):
+def test_a_run_killed_while_scoring_keeps_its_training_to_take_back(tmp_path, trained, pbr):
     """A queued run killed while scoring (a SLURM time limit) is queued again from the baseline's
     outputs: the store of its training went when scoring started, so it trained again from the first
     task. It goes when the evaluation ends."""
@@ -465,8 +465,8 @@ def test_a_run_killed_while_scoring_keeps_its_training_to_take_back(tmp_path, tr
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == -9, r.stderr[-2000:]
     assert any((repo / ".pbr/resume").glob("*/task_00"))
-    for stage in ("score", "evaluate"):
-        r = subprocess.run([str(BIN / "pbr"), stage], cwd=repo, env=e, capture_output=True, text=True, timeout=600)
+    for stage in ("score", "evaluate"):  # in this process: the kill above is the one that needs its own
+        r = pbr(repo, stage)
         assert r.returncode == 0, r.stderr[-2000:]
         assert any((repo / ".pbr/resume").glob("*/task_00")) == (stage == "score"), stage
 
