@@ -49,9 +49,11 @@ def test_dvc_repro_prepare(tmp_path):
 
 
 def test_replaced_raw_data_never_comes_back_from_dvcs_run_cache(tmp_path):
-    """The documented step after replacing the raw data (`dvc repro -f -s prepare`) rebuilt the
-    current setting; a setting run before was then restored by DVC's run cache (params only) built
-    from the old archive, and trained on."""
+    """The documented steps after replacing the raw data: `dvc repro -f -s prepare` alone rebuilt the
+    current setting, and a setting run before was then restored by DVC's run cache (params only)
+    built from the old archive, and trained on; the run cache is cleared first now."""
+    import shutil
+
     raw = tmp_path / "raw"
     fakedata.write_cifar(raw, 10, 60, 3, form="archive")
     repo = make_project(tmp_path / "repo", data__root=str(raw), data__download=False, data__imbalance_ratio=0.5,
@@ -61,6 +63,7 @@ def test_replaced_raw_data_never_comes_back_from_dvcs_run_cache(tmp_path):
     dvc(repo, "repro", "prepare")
     old = _manifest(repo)["raw"]["content_sha256"]
     fakedata.write_cifar(raw, 10, 70, 3, form="archive")  # the raw data replaced
+    shutil.rmtree(repo / ".dvc/cache/runs")  # the docs' first step (the second, a forced prepare, changes nothing here)
     set_params(repo, data__imbalance_ratio=0.5)  # a setting run before the replacement
     said = dvc(repo, "repro", "prepare").stdout
     assert "is cached" not in said and _manifest(repo)["raw"]["content_sha256"] != old, said
