@@ -32,7 +32,9 @@ def _stage(name: str, params: Path) -> None:
 
     from stages.runtime import tracking
     from stages.runtime.config import load_config
+    from stages.runtime.orphan import follow_dvc
 
+    follow_dvc()
     cfg = load_config(params)
     module = importlib.import_module(f"stages.pipeline.{name}")
     # The stage's own refusals of its inputs, before its MLflow run begins: a mistake leaves no

@@ -9,10 +9,13 @@ The stages here record to plain files (conftest's `records_to_files`, some fifte
 the same `stage_run` marks a dead stage's run KILLED and joins it again in either store. MLflow's store
 goes through a real kill in test_methods_dvc (ER under `dvc exp run`)."""
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -25,6 +28,35 @@ def _killed_repro(repo, point, *args, group=False):
     e = {**env(), "PBR_KILL_AT": point, "PBR_KILL_GROUP": "1" if group else "0"}
     return subprocess.run([str(BIN / "dvc"), "repro", *args], cwd=repo, env=e, capture_output=True, text=True,
                           start_new_session=True, timeout=600)
+
+
+def _dvc_killed_under(repo, point):
+    """`dvc repro` (under /bin/sh, which does not exec the stage's command) SIGKILLed while its stage
+    pauses at `point`; returns once every process it started has ended (or fails after a minute)."""
+    mark = repo / "paused"
+    e = {k: v for k, v in env().items() if k != "SHELL"}
+    e.update(PBR_PAUSE_AT=point, PBR_PAUSE_MARK=str(mark))
+    proc = subprocess.Popen([str(BIN / "dvc"), "repro"], cwd=repo, env=e, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while not mark.exists():
+            assert proc.poll() is None and time.time() < deadline, "the stage never reached " + point
+            time.sleep(0.2)
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 60
+        while True:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            assert time.time() < deadline, "the stage outlived the dvc that started it"
+            time.sleep(0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    mark.unlink()
 
 
 def _statuses(records):
@@ -63,6 +95,13 @@ def test_kill_inside_a_task_and_between_tasks_of_train(tmp_path, finished, recor
     assert done == ["task_00", "task_01"], done
     assert not (repo / "artifacts/train/accuracy.json").exists()
     assert _statuses(records_to_files).count("RUNNING") == 1  # as the kill left it
+
+    # dvc alone killed (`kill`, a container's stop) while the stage runs under its shell: the stage
+    # stops too, as a SIGTERM stops it, rather than training on as an orphan.
+    _dvc_killed_under(repo, "train:task3:epoch0")
+    done = sorted(p.name for p in (repo / "artifacts/train").glob("task_*"))
+    assert done == ["task_00", "task_01", "task_02"], done
+    assert _statuses(records_to_files) == ["KILLED"]  # by the stage itself, the killed try before joined
 
     # Between tasks, and `dvc repro` itself killed with the stage.
     r = _killed_repro(repo, "train:after_task3", group=True)
