@@ -52,6 +52,8 @@ def test_per_task_epochs():
 
 def test_missing_keys_take_defaults():
     assert from_dict({"data": {"dataset": "cifar100", "n_tasks": 10}}).data.imbalance_ratio == 0.01
+    assert from_dict({"data": {"dataset": "cifar100", "imbalance_ratio": 0.002}}).data.imbalance_ratio == 0.002
+    assert from_dict({"data": {"imbalance_ratio": 0.0002}}).data.imbalance_ratio == 0.0002
 
 
 BAD = [
@@ -60,6 +62,9 @@ BAD = [
     ({"data": {"imbalance_ratio": 0}}, r"data.imbalance_ratio = 0 .* 0 < IR <= 1"),
     ({"data": {"imbalance_ratio": 1.5}}, r"data.imbalance_ratio = 1.5 .* 0 < IR <= 1"),
     ({"data": {"imbalance_ratio": "0.01"}}, r"data.imbalance_ratio = '0.01'"),
+    # int(5000 * 0.0001) = 0 images of the last class; int(5000 * 0.0002) = 1 (and 500 on CIFAR-100)
+    ({"data": {"imbalance_ratio": 0.0001}}, r"data.imbalance_ratio = 0.0001 leaves cifar10's last class no .* >= 0.0002$"),
+    ({"data": {"dataset": "cifar100", "imbalance_ratio": 0.001}}, r"leaves cifar100's last class no .* >= 0.002$"),
     ({"data": {"download": "yes"}}, r"data.download = 'yes' .* true or false"),
     ({"data": {"n_tasks": 0}}, r"data.n_tasks = 0 .* positive integer"),
     ({"data": {"n_tasks": 3}}, r"data.n_tasks = 3 does not divide the 10 classes of cifar10; use one of 1, 2, 5, 10"),

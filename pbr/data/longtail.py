@@ -28,7 +28,7 @@ def class_order(n_classes: int, setting: str, seed: int) -> np.ndarray:
     raise ValueError(f"setting must be 'ordered' or 'shuffled', not {setting!r}")
 
 
-def _least_ratio(n_max: int) -> float:
+def least_ratio(n_max: int) -> float:
     """The smallest ratio of three significant digits that keeps an image of the last class (whose
     count is int(n_max * IR)); 1 / n_max printed with %g can round below it."""
     import math
@@ -76,7 +76,7 @@ def build_stream(
         name = f" ({class_names[c]!r})" if class_names else ""
         raise UserError(
             f"imbalance ratio {imbalance_ratio:g} leaves class {c}{name} with no training image "
-            f"(n_max = {n_max}); use a ratio >= {_least_ratio(n_max):g}"
+            f"(n_max = {n_max}); use a ratio >= {least_ratio(n_max):g}"
         )
     if n_classes % n_tasks:
         raise UserError(f"{n_tasks} tasks do not divide {n_classes} classes")

@@ -44,7 +44,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         stream = build_stream(raw.train_labels, raw.test_labels, raw.n_classes, d.setting, d.imbalance_ratio,
                               d.n_tasks, d.seed, raw.class_names, d.subset)
     except UserError as e:
-        raise UserError(f"data.imbalance_ratio / data.n_tasks: {e}") from None
+        raise UserError(f"data.imbalance_ratio: {e}") from None
     with artifacts.atomic_dir(paths.PREPARED) as tmp:
         # Content only: where the archive lay and whether it could be fetched are no part of the
         # data, so one archive gives one data/prepared (one DVC hash, one manifest hash) on every machine

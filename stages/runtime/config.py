@@ -310,6 +310,7 @@ def _cross_checks(cfg: Config, source: str) -> None:
         raise ConfigError(f"{source}: method.buffer_size = {cfg.method.buffer_size} leaves {cfg.method.name} "
                           f"without a replay buffer; use a size >= 1 (200 or 500 in the paper)")
     n_classes, n_tasks = cfg.n_classes, cfg.data.n_tasks
+    _refuse_an_empty_class(cfg, source)
     method = METHODS[cfg.method.name]
     own = getattr(cfg.method, cfg.method.name, None)
     least, why = method.least_buffer(n_classes, n_tasks, dataclasses.asdict(own) if dataclasses.is_dataclass(own) else {})
@@ -327,6 +328,17 @@ def _cross_checks(cfg: Config, source: str) -> None:
             f"{source}: data.n_tasks = {n_tasks} does not divide the {n_classes} classes of "
             f"{cfg.data.dataset}; use one of {', '.join(map(str, divisors))}"
         )
+
+
+def _refuse_an_empty_class(cfg: Config, source: str) -> None:
+    """The ratio leaves the stream's last class an image of the full data set (prepare checks the
+    data it reads too): refused here, before the raw data is read and a stage's run begins."""
+    from pbr.data.longtail import class_counts, least_ratio
+
+    facts, ir = DATASETS[cfg.data.dataset], cfg.data.imbalance_ratio
+    if class_counts(facts.n_max, facts.n_classes, ir).min() < 1:
+        raise ConfigError(f"{source}: data.imbalance_ratio = {ir:g} leaves {cfg.data.dataset}'s last class no "
+                          f"training image (int({facts.n_max} * IR) = 0); use a ratio >= {least_ratio(facts.n_max):g}")
 
 
 def from_dict(raw: Any, source: str = "params.yaml") -> Config:
