@@ -87,6 +87,18 @@ def test_the_archive_given_as_the_root_names_its_folder(tmp_path):
             load_raw("cifar10", archive, download=download)
 
 
+def test_data_root_at_the_extracted_folder_itself_names_its_parent(tmp_path):
+    fakedata.write_cifar(tmp_path, form="folder")
+    folder = tmp_path / "cifar-10-batches-py"
+    before = sorted(p.name for p in folder.iterdir())
+    for download in (False, True):  # nothing is fetched into the data set's own folder either
+        with pytest.raises(DataError, match=f"data.root {folder} is the extracted cifar10 folder itself; point "
+                                            f"data.root at the folder that holds it \\({tmp_path}\\)"):
+            load_raw("cifar10", folder, download=download)
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert load_raw("cifar10", tmp_path).name == "cifar10"  # its parent reads
+
+
 def test_failed_download_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(sources, "CIFAR100_URL", "http://127.0.0.1:9/cifar-100-python.tar.gz")
     with pytest.raises(DataError, match=r"downloading cifar100 into .* failed .* fetch .* by hand"):

@@ -331,6 +331,10 @@ def check_raw(dataset: str, root: str | Path, download: bool = False) -> None:
     if root.is_file():  # the archive itself given: the candidates below would be names inside a file
         raise DataError(f"data.root {root} is a file; point data.root at the folder that holds it ({root.parent})")
     cands = _candidates(dataset, root)
+    if root.name == cands[0].name and root.is_dir() and not any(p.exists() for p in cands):
+        # The extracted folder itself given: a download would land inside it.
+        raise DataError(f"data.root {root} is the extracted {dataset} folder itself; point data.root at the "
+                        f"folder that holds it ({root.parent})")
     broken = [p for p in cands if p.is_symlink() and not p.exists()]
     if broken and not any(p.exists() for p in cands):  # a link to an archive moved or on an unmounted disk
         raise DataError(f"{broken[0]} is a link to {os.readlink(broken[0])}, which does not exist; link the "
