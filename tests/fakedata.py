@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import struct
 import tarfile
 import zipfile
 from pathlib import Path
@@ -27,13 +28,34 @@ def _chw_rows(images_hwc: np.ndarray) -> np.ndarray:
     return images_hwc.transpose(0, 3, 1, 2).reshape(len(images_hwc), -1)
 
 
+class _Py2Pickler(pickle._Pickler):
+    """Pickles as Python 2 wrote the real CIFAR files: its str (bytes here) as STRING opcodes, which
+    Python 3 loads as bytes under encoding="bytes" and as str under "latin1" (and refuses under
+    "ASCII" where a byte is over 127). Python 3's own protocol 2 writes bytes as `_codecs.encode`
+    calls, which load as bytes under any encoding: a reader's wrong encoding would go unnoticed."""
+    dispatch = pickle._Pickler.dispatch.copy()
+
+    def save_bytes(self, obj: bytes) -> None:
+        n = len(obj)
+        self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj if n < 256
+                   else pickle.BINSTRING + struct.pack("<i", n) + obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = save_bytes
+
+
+def py2_pickle(obj) -> bytes:
+    f = io.BytesIO()
+    _Py2Pickler(f, protocol=2).dump(obj)
+    return f.getvalue()
+
+
 def _batch(images, labels, label_key: bytes, name: bytes, prefix: str) -> bytes:
-    # Python-2 era CIFAR pickles load with bytes keys under encoding="bytes"; mimic that.
     d = {b"batch_label": name, label_key: [int(x) for x in labels], b"data": _chw_rows(images),
          b"filenames": [f"{prefix}_{i:05d}.png".encode() for i in range(len(labels))]}
     if label_key == b"fine_labels":
         d[b"coarse_labels"] = [int(x) // 5 for x in labels]
-    return pickle.dumps(d, protocol=2)
+    return py2_pickle(d)
 
 
 def cifar_arrays(n_classes: int, train_per_class: int, test_per_class: int):
@@ -49,14 +71,13 @@ def cifar_members(n_classes: int, train_per_class: int, test_per_class: int) -> 
         for k, (xs, ys) in enumerate(zip(np.array_split(xtr, 5), np.array_split(ytr, 5)), start=1):
             out[f"data_batch_{k}"] = _batch(xs, ys, b"labels", f"training batch {k} of 5".encode(), "train")
         out["test_batch"] = _batch(xte, yte, b"labels", b"testing batch 1 of 1", "test")
-        out["batches.meta"] = pickle.dumps({b"label_names": [f"class{c}".encode() for c in range(10)],
-                                            b"num_cases_per_batch": len(ytr) // 5, b"num_vis": 3072}, protocol=2)
+        out["batches.meta"] = py2_pickle({b"label_names": [f"class{c}".encode() for c in range(10)],
+                                          b"num_cases_per_batch": len(ytr) // 5, b"num_vis": 3072})
     else:
         out = {"train": _batch(xtr, ytr, b"fine_labels", b"training batch 1 of 1", "train"),
                "test": _batch(xte, yte, b"fine_labels", b"testing batch 1 of 1", "test"),
-               "meta": pickle.dumps({b"fine_label_names": [f"fine{c}".encode() for c in range(n_classes)],
-                                     b"coarse_label_names": [f"coarse{c}".encode() for c in range(20)]},
-                                    protocol=2)}
+               "meta": py2_pickle({b"fine_label_names": [f"fine{c}".encode() for c in range(n_classes)],
+                                   b"coarse_label_names": [f"coarse{c}".encode() for c in range(20)]})}
     return out
 
 
