@@ -395,6 +395,17 @@ def test_a_run_trained_on_other_prepared_data_is_refused(tmp_path, raw, trained,
     _run_stage_in(repo, prepare)
     with pytest.raises(UserError, match="trained on other prepared data"):
         _run_stage_in(repo, module)
+    # ... and on its first task's classes: the shuffled stream's task 0 is not the ordered one's [0, 1].
+    params["data"].update(n_tasks=5, setting="shuffled")
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    _run_stage_in(repo, prepare)
+    assert json.loads((repo / "data/prepared/manifest.json").read_text())["task_classes"][0] != [0, 1]
+    with pytest.raises(UserError, match="trained on other prepared data"):
+        _run_stage_in(repo, module)
+    # No run.json at all: nothing says what the run was; not read blind.
+    run.unlink()
+    with pytest.raises(UserError, match=r"^artifacts/train/run.json is missing; restore it with `dvc checkout --force"):
+        _run_stage_in(repo, module)
 
 
 def test_the_fix_for_a_damaged_task_works_while_a_resume_store_holds_it(tmp_path, trained, pbr, monkeypatch):

@@ -81,9 +81,13 @@ def check_trained(cfg, manifest: dict) -> None:
 
     refuse_stale(cfg, manifest)
     record = saved_run()
-    if record is not None:
-        refuse_other_params(cfg, record)
-        refuse_other_data(record, manifest)
+    if record is None:  # without it no params or data could be checked: the run is not read blind
+        from pbr.errors import UserError
+        from stages.runtime import paths
+
+        raise UserError(f"{paths.TRAIN / 'run.json'} is missing; " + RECORD_FIX)
+    refuse_other_params(cfg, record)
+    refuse_other_data(record, manifest)
 
 
 def check(cfg) -> None:
@@ -119,16 +123,33 @@ def refuse_other_data(record: dict, manifest: dict) -> None:
     """The trained run was trained on the data/prepared there now: prepared again with other data
     settings (and `pbr score` run by hand, or `dvc repro -s score`), its models would be scored and
     evaluated on another stream and recorded as a complete run of today's settings. A run.json
-    written before it kept the manifest's hash is checked on its number of tasks."""
+    written before it kept the manifest's hash is checked on its number of tasks and the classes
+    its first task learned (an ordered and a shuffled stream differ there)."""
     from pbr.data.shards import manifest_hash
     from pbr.errors import UserError
     from stages.runtime import paths
 
     then = record.get("data_manifest")
-    other = (then != manifest_hash(paths.PREPARED)) if then is not None else record.get("n_tasks") != manifest["n_tasks"]
+    if then is not None:
+        other = then != manifest_hash(paths.PREPARED)
+    else:
+        other = record.get("n_tasks") != manifest["n_tasks"] or _first_classes() not in (None, sorted(manifest["task_classes"][0]))
     if other:
         raise UserError(f"{paths.TRAIN} was trained on other prepared data than {paths.PREPARED} holds now; "
                         f"run `dvc repro` (or pbr train, then the stages after it)")
+
+
+def _first_classes() -> list[int] | None:
+    """The classes the run's first task learned (its model.pt's classes_seen), None where unreadable
+    (the stage's own read of it then says what is wrong)."""
+    import torch
+
+    from stages.runtime import paths
+
+    try:
+        return list(torch.load(paths.TRAIN / "task_00" / "model.pt", map_location="cpu", weights_only=False)["classes_seen"])
+    except Exception:
+        return None
 
 
 def saved_run() -> dict | None:
