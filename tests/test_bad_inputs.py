@@ -673,6 +673,15 @@ def test_score_or_evaluate_before_training_is_refused_before_its_mlflow_run(tmp_
     assert not (repo / "mlflow.db").exists()
 
 
+def test_score_names_a_missing_model_before_it_scores_a_task(tmp_path, trained, pbr):
+    """A task folder gone from a trained run: the scoring said so only on reaching that task, the
+    tasks before it scored for nothing (minutes of MC dropout on real data)."""
+    repo = _copy_trained(trained, tmp_path / "repo")
+    shutil.rmtree(repo / "artifacts/train/task_03")
+    _one_line_error(pbr(repo, "score"), "artifacts/train/task_03/model.pt is missing", "dvc checkout --force")
+    assert not (repo / "mlflow.db").exists()  # refused before the stage's run began: nothing scored
+
+
 def test_an_accuracy_record_without_its_parts_is_one_line(tmp_path, trained, pbr):
     """Valid JSON that is no finished run's record (an older run's file, a hand edit): a KeyError
     traceback from deep in evaluate."""

@@ -28,6 +28,14 @@ def check(cfg) -> None:
     score and evaluate share (trained.check), and output folders it cannot write, found before the
     scoring's minutes rather than after them."""
     trained.check(cfg)
+    from pbr.data.shards import load_manifest
+    from pbr.errors import UserError
+
+    # Every task's model is read in turn: one missing is said now, not after the tasks before it.
+    for k in range(load_manifest(paths.PREPARED)["n_tasks"]):
+        model = paths.TRAIN / f"task_{k:02d}" / "model.pt"
+        if not model.is_file():
+            raise UserError(f"{model} is missing; {trained.TASK_FIX}")
     for folder in (paths.SCORE, paths.SCORE_REPORTS):
         artifacts.writable_folder(folder)
 
