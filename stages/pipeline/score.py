@@ -212,7 +212,7 @@ def run(cfg, log=print, tracker=None) -> dict:
     table = pa.table({k: pa.array(v) for k, v in data.items()})
     with artifacts.atomic_dir(paths.SCORE) as tmp:
         pq.write_table(table, tmp / "scores.parquet")
-    summary = _summaries(data, sc.manifest, tracker)
+    summary = _summaries(data, sc.manifest, tracker, sc.final.learns_each_task)
     if tracker is not None:
         import hashlib
 
@@ -234,27 +234,34 @@ def run(cfg, log=print, tracker=None) -> dict:
     return summary
 
 
-def _summaries(data: dict, manifest: dict, tracker) -> dict:
+def _summaries(data: dict, manifest: dict, tracker, learns_each_task: bool = True) -> dict:
     """The paper's motivation from the scores: per class (minority classes more uncertain), and
     forgotten against kept samples by MI; CSVs and plots under reports/score/, summary metrics."""
     import numpy as np
 
     counts = manifest["train_counts"]
+    last = manifest["n_tasks"] - 1
+    # A method that learns at the last task only (JOINT): an earlier task's own model is the untrained
+    # network, whose right guesses are no "learned" samples and whose MI scores nothing (NaN).
+    trained = np.ones(len(data["task"]), bool) if learns_each_task else data["task"] == last
     train = data["split"] == "train"
     # The last task's own model is the final one: its samples cannot be forgotten, and counted as
     # kept they would pull the rate down and the kept MI towards the newest (tail) classes.
-    learned = train & data["correct_own"] & (data["task"] < manifest["n_tasks"] - 1)
+    learned = train & data["correct_own"] & (data["task"] < last) & trained
     nan = float("nan")
 
     def rate(flags):  # forgotten among the learned (right after a task before the last); NaN where none was
         return float(flags.mean()) if flags.size else nan
+
+    def mean(values):
+        return float(values.mean()) if values.size else nan
 
     by_class = []
     for pos, c in enumerate(manifest["class_order"]):
         m = train & (data["label"] == c)
         by_class.append({"position": pos, "label": c, "class": manifest["class_names"][c],
                          "task": int(data["task"][m][0]) if m.any() else -1, "count": counts[c],
-                         "mean_mi": float(data["mi"][m].mean()), "mean_entropy": float(data["entropy"][m].mean()),
+                         "mean_mi": mean(data["mi"][m & trained]), "mean_entropy": mean(data["entropy"][m & trained]),
                          "forgotten_rate": rate(data["forgotten"][m & learned])})
     out = paths.SCORE_REPORTS
     artifacts.write_csv(out / "by_class.csv", by_class)
@@ -273,7 +280,7 @@ def _summaries(data: dict, manifest: dict, tracker) -> dict:
                   "mean MI (own-task model)", "Uncertainty against class frequency", out / "uncertainty_vs_frequency.png")
     plots.histograms({"forgotten": forgotten.tolist(), "kept": kept.tolist()}, "MI (own-task model)",
                      "Forgotten vs kept training samples", out / "forgotten_vs_kept.png", bins=edges)
-    summary = {"score.mean_mi": float(data["mi"][train].mean()),
+    summary = {"score.mean_mi": mean(data["mi"][train & trained]),
                "score.forgotten_rate": rate(data["forgotten"][learned]),
                "score.mi_forgotten": float(forgotten.mean()) if forgotten.size else nan,
                "score.mi_kept": float(kept.mean()) if kept.size else nan}
