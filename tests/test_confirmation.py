@@ -121,6 +121,18 @@ def test_the_third_confirmation_reads_the_walk_pool_rows_only():
     assert "top 5% MI" not in text and "INCOMPLETE" in text
 
 
+def test_a_row_of_one_seed_shows_no_spread():
+    """A spread of one seed is no figure (the report's CSV leaves it empty): the cell is the value and n=1."""
+    pool = {**BASE, "method.name": "pbr", "method.pbr.walk_pool": "buffer_and_task"}
+    runs = [RunRecord(f"pool-{s}", {**pool, "seed": str(s)}, {"class_il.acc": v, "task_il.acc": 80.0}, 0,
+                      {"pbr.device": "cpu"}) for s, v in ((200, 46.0), (201, 45.0))]
+    runs.append(RunRecord("pbr-200", {**BASE, "method.name": "pbr", "seed": "200"},
+                          {"class_il.acc": 47.0, "task_il.acc": 81.0}, 0, {"pbr.device": "cpu"}))
+    text = confirmation.render(report.group_runs(runs)[0], confirmation.PLANS["walkpool"])
+    assert "| PBR | `pbr` | 1 | 47.00 (n=1) | 81.00 (n=1) | - |" in text
+    assert "| PBR (walk over buffer and task) | `pbr-pool-buffer_and_task` | 2 | 45.50 ± 0.71 | 80.00 ± 0.00 | - |" in text
+
+
 def test_an_unknown_confirmation_is_a_one_line_error():
     from pbr.errors import UserError
 

@@ -224,7 +224,9 @@ def render(groups: list[report.Group], plan: Plan = FIRST) -> str:
         cells = []
         for mode, metric in (("class_il", "acc"), ("task_il", "acc"), ("class_il", "minority_acc")):
             v = list(rows_by_seed(groups, mode, metric, plan)[label].values())
-            cells.append("-" if not v else f"{statistics.fmean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0:.2f}")
+            # One seed has no spread: its mean and n, not "± 0.00".
+            cells.append("-" if not v else f"{statistics.fmean(v):.2f} ± {statistics.stdev(v):.2f}" if len(v) > 1
+                         else f"{v[0]:.2f} (n=1)")
         n = len(rows_by_seed(groups, plan=plan)[label])
         lines.append(f"| {label} | `{row}` | {n} | " + " | ".join(cells) + " |")
     lines += ["", "| # | A - B | n | mean | 95% interval | p | Holm p | verdict | the paper |",

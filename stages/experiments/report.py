@@ -530,7 +530,8 @@ def _group_order(g: Group) -> tuple:
 def _cell(g: Group | None, mode: str, metric: str, paper: float | None, paper_tasks: int | None,
           n_tasks: int | None) -> str:
     s = g.stats(mode, metric) if g is not None else None
-    text = "-" if s is None else f"{s[0]:.2f} ± {s[1]:.2f} (n={s[2]})"
+    # One seed has no spread (the CSV leaves its std empty): "± 0.00" would read as a measured one.
+    text = "-" if s is None else f"{s[0]:.2f} ± {s[1]:.2f} (n={s[2]})" if s[2] > 1 else f"{s[0]:.2f} (n=1)"
     if paper is not None:
         other = paper_tasks is not None and n_tasks is not None and paper_tasks != n_tasks
         text += f" [paper {paper:.2f}{f', {paper_tasks} tasks' if other else ''}]"
@@ -575,7 +576,7 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
     what = {"acc": "final average accuracy", "bwt": "backward transfer",
             "forgetting": "forgetting"}[metric]
     only = "" if seeds is None else f"; seeds {seed_text(seeds)} only"
-    out = [f"# {metric.upper()} (%, {what}): mean ± std over seeds (n = seeds; a seed counts once: its newest "
+    out = [f"# {metric.upper()} (%, {what}): mean ± std over seeds (n = seeds, no ± for one; a seed counts once: its newest "
            f"run, or the mean of its runs of differing settings{only})"]
     if metric == "acc":
         out.append("[paper X] is the published number (mean of 5 runs); "
