@@ -767,7 +767,26 @@ def test_a_confirmations_seeds_averaged_with_others_are_pointed_out():
     assert ("PBR, buffer 200, Seq-CIFAR-10-LT (5 tasks): seeds 0-9 averaged with a pre-registered confirmation's "
             "100-109 (docs/preregistration.md); those alone: `pbr report --seeds 100-109`") in text
     assert "ER, buffer 200, Seq-CIFAR-10-LT (5 tasks): seeds" not in text  # ER ran the fresh seeds only
+    assert text.count("averaged with a pre-registered") == 1  # one note for the cell
     assert report.seed_text(["5", "0", "1", "2", "200", "201", "7"]) == "0-2, 5, 7, 200-201"
+
+
+def test_two_confirmations_fresh_seeds_pooled_get_no_selection_note():
+    """Seeds 100-102 and 200-202 are both fresh (two confirmations' blocks, no choice made on either):
+    the row once got four notes, each calling one block the other's selection seeds. Add a
+    selection seed and the cell gets one note naming both blocks."""
+    def runs(seeds):
+        return [RunRecord(f"pbr-{s}", {**BASE, "method.name": "pbr", "seed": str(s)}, {"class_il.acc": 50.0}, 0,
+                          {"pbr.device": "cpu"}) for s in seeds]
+
+    fresh = (100, 101, 102, 200, 201, 202)
+    text = report.render_markdown(report.group_runs(runs(fresh))[0])
+    assert "averaged with" not in text and "pbr report --seeds" not in text
+    text = report.render_markdown(report.group_runs(runs((3, *fresh)))[0])
+    notes = [line for line in text.splitlines() if "averaged with" in line]
+    assert notes == ["- note: PBR, buffer 200, Seq-CIFAR-10-LT (5 tasks): seeds 3 averaged with pre-registered "
+                     "confirmations' 100-109 and 200-209 (docs/preregistration.md); each alone: "
+                     "`pbr report --seeds 100-109` or `pbr report --seeds 200-209`"]
 
 
 def test_output_paths_of_the_wrong_kind_are_refused_before_anything_is_written(env, tmp_path):

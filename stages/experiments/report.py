@@ -552,18 +552,23 @@ def seed_text(seeds: Iterable[int | str]) -> str:
 
 def _pooled_confirmation_notes(groups: list[Group]) -> list[str]:
     """A pre-registered confirmation's seeds were never used for a choice; averaged with seeds that
-    were (the selection seeds a setting was picked on), the row reads better than the plan's alone."""
+    may have been (the selection seeds a setting was picked on: any seed of no confirmation), the
+    row reads better than the plan's alone. One note a cell; two confirmations' fresh seeds pooled
+    are no such mix."""
     from stages.experiments.confirmation import PLANS
 
     blocks = sorted({p.seeds for p in PLANS.values()})
+    fresh = {s for block in blocks for s in block}
     notes = []
     for g in groups:
-        seeds = {r.params.get("seed", "") for r in g.runs} - {""}
-        for block in blocks:
-            if seeds & set(block) and seeds - set(block):
-                notes.append(f"{g.describe()}: seeds {seed_text(seeds - set(block))} averaged with a pre-registered "
-                             f"confirmation's {block[0]}-{block[-1]} (docs/preregistration.md); those alone: "
-                             f"`pbr report --seeds {block[0]}-{block[-1]}`")
+        seeds = {s for r in g.runs if (s := r.params.get("seed", "")).isdigit()}
+        held = [f"{b[0]}-{b[-1]}" for b in blocks if seeds & set(b)]
+        if held and seeds - fresh:
+            whose, alone = (("a pre-registered confirmation's", "those") if len(held) == 1 else
+                            ("pre-registered confirmations'", "each"))
+            notes.append(f"{g.describe()}: seeds {seed_text(seeds - fresh)} averaged with "
+                         f"{whose} {' and '.join(held)} (docs/preregistration.md); {alone} alone: "
+                         + " or ".join(f"`pbr report --seeds {h}`" for h in held))
     return notes
 
 
