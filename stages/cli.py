@@ -73,7 +73,7 @@ def report(
     metric: str = typer.Option("acc", "--metric", help="Which metric fills the cells: acc | bwt | forgetting."),
     experiment: str = typer.Option(None, "--experiment",
                                    help="MLflow experiment to read (default: $MLFLOW_EXPERIMENT_NAME, else pbr)."),
-    csv: Path = typer.Option(None, "--csv", help="CSV to write (one row per group; default: reports/report.csv of "
+    csv: Path = typer.Option(None, "--csv", help="CSV to write (one row per table row and dataset; default: reports/report.csv of "
                                                  "the repository)."),
     tracking_uri: str | None = typer.Option(
         None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite mlflow.db at the repository root)."),

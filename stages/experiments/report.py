@@ -3,7 +3,7 @@
 One table per (data.setting, data.imbalance_ratio): methods in rows (with the buffer size as the
 first column), each dataset's Class-IL and Task-IL in columns, every cell "mean ± std (n=seeds)"
 over seeds, with the paper's number beside it where the paper has one. Printed as markdown,
-written as CSV (one row per cell group) and optionally as a markdown file.
+written as CSV (one row per table row and dataset) and optionally as a markdown file.
 
 Only runs with status FINISHED and the tag pbr.complete = "true" count. Runs of one group with the
 same seed and the same settings are repeats: the newest one is used. Runs of one group that differ
