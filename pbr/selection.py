@@ -55,7 +55,12 @@ def walk_order(scores: torch.Tensor, order: str, generator: torch.Generator, pow
         keys = torch.log(torch.rand(b, dtype=torch.float64, generator=g, device=dev)) / (w + 1e-12)
         perm = torch.argsort(keys, descending=True, stable=True)
     else:
-        perm = torch.argsort(scores, descending=order == "uncertain_first", stable=True)
+        # Ties (near-certain samples whose MI rounds to 0 at a large logit scale, or every sample of a
+        # head without dropout) fall in a spread of positions, not in data order, which is class by
+        # class on TinyImageNet: positions sorted by p * 2654435761 mod 2^32 (Knuth's multiplicative
+        # hash, one key per position), with no draw from the generator.
+        spread = torch.argsort(torch.arange(b, device=dev, dtype=torch.int64) * 2654435761 % 2**32)
+        perm = spread[torch.argsort(scores[spread], descending=order == "uncertain_first", stable=True)]
     if rank == "class":
         if labels is None:
             raise ValueError("rank 'class' needs the labels")

@@ -299,6 +299,25 @@ def test_weighted_order_puts_a_sample_first_with_odds_of_its_weight():
     assert all(walk_order(scores, "uncertain_weighted", g)[-1] == 0 for _ in range(200))
 
 
+def test_strict_orders_rank_by_score_and_spread_their_ties_over_the_task():
+    """Distinct scores: exactly the sort by score. Tied ones (an MI of 0 for every sample of a head
+    without dropout, or saturated samples) came in data order, which on TinyImageNet is class by class:
+    a walk keeping the first 20 of 4 classes x 50 kept classes 0 and 1 only."""
+    g = torch.Generator().manual_seed(0)
+    scores = torch.rand(200, generator=g)
+    assert walk_order(scores, "certain_first", g).tolist() == sorted(range(200), key=lambda i: scores[i].item())
+    assert walk_order(scores, "uncertain_first", g).tolist() == sorted(range(200), key=lambda i: -scores[i].item())
+    state = g.get_state()
+    labels = torch.arange(200) // 50  # class-grouped, as TinyImageNet's raw order
+    for order in ("certain_first", "uncertain_first"):
+        first = walk_order(torch.zeros(200), order, g)[:20]
+        assert labels[first].bincount(minlength=4).min() >= 4, labels[first].bincount(minlength=4)
+        # One tied group among ranked samples: it keeps its place in the order.
+        tied = torch.tensor([0.5] * 10 + [0.1, 0.9])
+        assert set(walk_order(tied, order, g)[1:11].tolist()) == set(range(10))
+    assert torch.equal(g.get_state(), state)  # no draw: a walk's other random choices are as before
+
+
 def test_write_is_the_public_way_in_later_rows_win_and_targets_past_the_end_drop():
     """The storage API a new policy (herding, per-task memories) writes through."""
     buf = Buffer(4, (3, 2, 2), n_classes=3)

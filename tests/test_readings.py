@@ -569,6 +569,24 @@ def test_mi_epochs_refuses_the_teacher_and_the_buffer_pool():
     assert PBR.refuse({"mi_epochs": 1, "mi_model": "teacher", "walk_pool": "buffer_and_task"}) is None
 
 
+def test_a_head_without_dropout_is_refused_where_the_walk_orders_by_the_mi():
+    """model.dropout 0 with mc_dropout auto: every MI 0, the walk's "uncertainty" order the data's
+    (strict orders) or a uniform draw (weighted ones), while the score stage reported MI at 0.1."""
+    import torch
+
+    from pbr.errors import UserError
+    from pbr.methods.pbr import PBR
+    from stages.pipeline.train import settings
+    from stages.runtime.config import from_dict
+
+    base = {"sampling": "walk", "buffer_order": "uncertain_weighted", "mc_dropout": "auto", "dropout": 0.0}
+    assert "model.dropout = 0" in PBR.refuse(base)
+    for fine in ({"dropout": 0.1}, {"mc_dropout": 0.3}, {"buffer_order": "random"}, {"sampling": "reservoir"}):
+        assert PBR.refuse({**base, **fine}) is None, fine
+    with pytest.raises(UserError, match=r"^method.name = pbr: model.dropout = 0 leaves the walk's MC dropout"):
+        settings(from_dict({"method": {"name": "pbr"}, "model": {"dropout": 0.0}}), torch.device("cpu"))
+
+
 # --- mc_backbone: MC dropout on the backbone's last feature map too ------------------------------
 
 

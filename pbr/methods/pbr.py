@@ -158,6 +158,11 @@ class PBR(ContinualMethod):
             return "mi_epochs averages the models being fitted, and the teacher is not one: set mi_epochs: 1 or mi_model: final"
         if settings.get("mi_epochs", 1) > 1 and settings.get("walk_pool") == "buffer_and_task":
             return "mi_epochs scores the task's samples at each epoch's end, not the buffer's: set mi_epochs: 1 or walk_pool: task"
+        if (settings.get("sampling") != "reservoir" and settings.get("buffer_order") != "random"
+                and settings.get("mc_dropout", "auto") == "auto" and float(settings.get("dropout", 0.1)) == 0):
+            # Every MI 0: the uncertainty order would be no order (the data's, or a uniform draw).
+            return ("model.dropout = 0 leaves the walk's MC dropout nothing to drop, so every MI is 0; set "
+                    "model.dropout > 0 (0.1, the method's own), method.pbr.mc_dropout, or buffer_order: random")
         return super().refuse(settings)
 
     @classmethod
