@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 from pbr.methods.base import ContinualMethod
+from pbr.metrics import task_accuracy
 
 
 @dataclass
@@ -81,7 +82,6 @@ def _evaluate(method: ContinualMethod, tests: list[tuple[torch.Tensor, torch.Ten
     for m, _ in modes:
         m.eval()
     seen = torch.cat(task_classes[:seen_tasks])
-    seen_mask = task_mask = None
     class_il, task_il = [], []
     for i, (images, labels) in enumerate(tests):
         c_correct = torch.zeros((), dtype=torch.int64, device=device)
@@ -92,15 +92,10 @@ def _evaluate(method: ContinualMethod, tests: list[tuple[torch.Tensor, torch.Ten
                 torch.compiler.cudagraph_mark_step_begin()
             scores = method.predict(x)
             y = labels[start:start + batch_size]
-            if seen_mask is None:
-                seen_mask = torch.full((scores.shape[1],), float("-inf"), device=device)
-                seen_mask[seen] = 0
-            task_mask = torch.full((scores.shape[1],), float("-inf"), device=device)
-            task_mask[task_classes[i]] = 0
-            c_correct += ((scores + seen_mask).argmax(1) == y).sum()
+            c_correct += task_accuracy(scores, y, seen, "class_il")
             # A method that uses the task identity predicts again with it; others reuse the scores.
             t_scores = method.predict(x, task=i) if method.uses_task_identity else scores
-            t_correct += ((t_scores + task_mask).argmax(1) == y).sum()
+            t_correct += task_accuracy(t_scores, y, task_classes[i], "task_il")
         class_il.append(c_correct)
         task_il.append(t_correct)
     for m, was_training in modes:

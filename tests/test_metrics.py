@@ -69,3 +69,29 @@ def test_minority_tasks_and_scenario_metrics_by_hand():
     assert minority_tasks([5, 5, 5, 5]) == [2, 3]
     m = scenario_metrics([[90.0, float("nan")], [60.0, 80.0]], [1])
     assert m == {"acc": 70.0, "bwt": -30.0, "forgetting": 30.0, "minority_acc": 80.0}
+
+
+def test_the_training_loops_evaluation_masks_each_tasks_own_classes_where_they_are_not_contiguous():
+    """A shuffled stream's tasks hold scattered classes (task 0: 3 and 0; task 1: 1 and 2). A model
+    that always prefers 0 > 3 > 1 > 2, by hand: Class-IL predicts 0 (among the seen classes), right
+    on half of task 0 and none of task 1; Task-IL predicts 0 in task 0 and 1 in task 1, half right
+    in each. Masking consecutive ids instead ({0, 1}, {2, 3}) reads task 1 at 0 in Task-IL."""
+    from pbr.data.augment import Augment, normalize
+    from pbr.loop import evaluate
+    from pbr.methods import METHODS, Context
+    from pbr.models import Net
+
+    mean, std = (0.5,) * 3, (0.25,) * 3
+    sgd = METHODS["sgd"]
+
+    class Prefers(sgd):
+        def predict(self, x, task=None):
+            return torch.tensor([3.0, 1.0, 0.0, 2.0]).expand(x.shape[0], 4)
+
+    ctx = Context(4, [torch.tensor([3, 0]), torch.tensor([1, 2])], torch.device("cpu"), Augment(mean, std),
+                  lambda x: normalize(x, mean, std), torch.Generator().manual_seed(0), replay_batch_size=8)
+    method = Prefers(Net(4, width=4, head="linear", dropout=0.0), ctx, sgd.options("cifar10", 16)[0])
+    images = torch.zeros(4, 3, 32, 32, dtype=torch.uint8)
+    tests = [(images, torch.tensor([0, 0, 3, 3])), (images, torch.tensor([1, 1, 2, 2]))]
+    for seen in (1, 2):  # batches of 3 across the 4 images: the counts add up over batches
+        assert evaluate(method, tests, seen, batch_size=3) == ([50.0, 0.0], [50.0, 50.0])
