@@ -9,7 +9,6 @@ from typing import Callable
 import torch
 
 from pbr.methods.base import ContinualMethod
-from pbr.metrics import task_accuracy
 
 
 @dataclass
@@ -57,6 +56,27 @@ def fit_task(
         if on_epoch is not None:
             on_epoch(s)
     return stats
+
+
+MODES = ("class_il", "task_il")
+
+
+def task_accuracy(logits: torch.Tensor, labels: torch.Tensor, task_classes: torch.Tensor, mode: str) -> torch.Tensor:
+    """Number of correct predictions (int64 scalar tensor, no host sync).
+
+    `task_classes` holds the allowed class indices: for "class_il" the classes seen so far,
+    for "task_il" the classes of the task being evaluated. Logits of all other classes are
+    set to -inf before the argmax; both modes mask the same way, the mode states the intent.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if logits.dim() != 2 or labels.shape != logits.shape[:1]:
+        raise ValueError(f"logits must be [B, C] and labels [B], got {tuple(logits.shape)} and {tuple(labels.shape)}")
+    cls = task_classes.to(logits.device)
+    allowed = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
+    allowed[cls] = True
+    masked = logits.masked_fill(~allowed, float("-inf"))
+    return (masked.argmax(1) == labels.to(logits.device)).sum()
 
 
 def evaluate(

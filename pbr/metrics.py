@@ -1,6 +1,7 @@
 """Continual-learning metrics from the accuracy matrix R (R[j][i] = accuracy on task i after
-training on task j; entries above the diagonal are never read, NaN is fine) and the masked
-per-batch accuracy that fills it."""
+training on task j; entries above the diagonal are never read, NaN is fine). The masked per-batch
+accuracy that fills it is the training loop's (pbr/loop.py task_accuracy): its code is the train
+stage's, this module the evaluate stage's."""
 
 from __future__ import annotations
 
@@ -8,10 +9,6 @@ import math
 from typing import Any
 
 import numpy as np
-import torch
-
-MODES = ("class_il", "task_il")
-
 
 def _matrix(R: Any) -> np.ndarray:
     r = np.asarray(R, dtype=np.float64)
@@ -47,24 +44,6 @@ def forgetting(R: Any) -> float:
         return 0.0
     best = np.array([r[i : t - 1, i].max() for i in range(t - 1)])
     return float((best - r[-1, : t - 1]).mean())
-
-
-def task_accuracy(logits: torch.Tensor, labels: torch.Tensor, task_classes: torch.Tensor, mode: str) -> torch.Tensor:
-    """Number of correct predictions (int64 scalar tensor, no host sync).
-
-    `task_classes` holds the allowed class indices: for "class_il" the classes seen so far,
-    for "task_il" the classes of the task being evaluated. Logits of all other classes are
-    set to -inf before the argmax; both modes mask the same way, the mode states the intent.
-    """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if logits.dim() != 2 or labels.shape != logits.shape[:1]:
-        raise ValueError(f"logits must be [B, C] and labels [B], got {tuple(logits.shape)} and {tuple(labels.shape)}")
-    cls = task_classes.to(logits.device)
-    allowed = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
-    allowed[cls] = True
-    masked = logits.masked_fill(~allowed, float("-inf"))
-    return (masked.argmax(1) == labels.to(logits.device)).sum()
 
 
 def minority_tasks(task_sizes: list[int]) -> list[int]:

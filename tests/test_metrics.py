@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from pbr.metrics import acc, bwt, forgetting, task_accuracy
+from pbr.loop import task_accuracy
+from pbr.metrics import acc, bwt, forgetting
 
 NAN = float("nan")
 
