@@ -80,11 +80,37 @@ def test_only_and_set():
     (("table3", 0, {}, {}), "--seeds 0"),
     (("table3", 1, {"method.buffer_size": -3}, {}), "sweep table3: params.yaml: method.buffer_size = -3"),
     (("table3", 1, {}, {"foo.bar": [1]}), "--only foo.bar: no such parameter"),
-    (("table3", 1, {}, {"method.name": ["er"]}), "--only method.name=er: no run of table3 matches"),
+    (("table3", 1, {}, {"method.name": ["er"]}), "--only method.name=er: no run of table3 has it"),
+    (("table2", 1, {}, {"data.imbalance_ratio": [1], "method.name": ["er"]}),
+     "--only data.imbalance_ratio=1 method.name=er: no run of table2 matches"),
 ])
 def test_bad_sweeps_are_one_line_errors(args, msg):
     with pytest.raises(UserError, match=msg.replace("(", r"\(").replace("|", r"\|").replace("+", r"\+")):
         sweep.plan(*args, PARAMS)
+
+
+def test_an_only_value_no_run_has_is_named_not_dropped():
+    """A mistyped --only value would leave its runs out while the rest are queued."""
+    def only(*items):
+        return sweep.parse_assignments(list(items), "--only", many=True)
+
+    with pytest.raises(UserError) as e:
+        _plan("fidelity", only=only("row=pbr,pbr-reservior"))
+    assert str(e.value).startswith("--only row=pbr-reservior: no run of fidelity has it (rows: er-lr0.03, er-lr0.1, ")
+    assert str(e.value).endswith(", pbr, pbr-random, pbr-reservoir, pbr-literal)")
+    with pytest.raises(UserError, match=r"^--only method.name=dre\+\+: no run of table2 has it \(values of "
+                                        r"method.name: joint, sgd, .*derpp.*\)$"):
+        _plan("table2", only=only("method.name=pbr,dre++", "data.dataset=cifar10"))
+    with pytest.raises(UserError) as e:
+        _plan("table3", only=only("data.imbalance_ratio=0.01,0.2", "method.name=pbr,er"))
+    assert str(e.value) == ("--only data.imbalance_ratio=0.2: no run of table3 has it (values of data.imbalance_ratio: "
+                            "0.01, 0.02, 0.05, 0.1); --only method.name=er: no run of table3 has it (values of "
+                            "method.name: derpp, pbr)")
+    with pytest.raises(UserError, match="^--only row: table3 names no rows"):
+        _plan("table3", only=only("row=pbr"))
+    # Values compare as numbers, as the filter compares them: 1e-1 is table 3's IR 0.1, 1 families' IR 1.0.
+    assert len(_plan("table3", only=only("data.imbalance_ratio=0.01,1e-1"))) == 4
+    assert {r.overrides["data.imbalance_ratio"] for r in _plan("families", only=only("data.imbalance_ratio=1"))} == {1.0}
 
 
 def test_a_run_two_tables_share_is_one_experiment():

@@ -350,13 +350,13 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
     if not isinstance(base, dict):
         raise UserError(f"{params_file}: no parameters file here; run pbr sweep in the project's root")
     filters = {k: v if isinstance(v, list) else [v] for k, v in only.items()}
-    picked = []
-    for cell in GRIDS[grid](base):
-        o = {k: v for k, v in {**cell, **settings}.items() if not k.startswith("_")}
-        # `row` picks a fidelity cell by its name (fid-ROW-sSEED): --only row=pbr,pbr-random
-        if not any((str(cell.get("_row")) if k == "row" else _lookup(base, o, k)) not in vals
-                   for k, vals in filters.items()):
-            picked.append((cell, o))
+    cells = [(cell, {k: v for k, v in {**cell, **settings}.items() if not k.startswith("_")})
+             for cell in GRIDS[grid](base)]
+    # `row` picks a fidelity cell by its name (fid-ROW-sSEED): --only row=pbr,pbr-random
+    has = {k: [cell.get("_row") if k == "row" else _lookup(base, o, k) for cell, o in cells] for k in filters}
+    picked = [(cell, o) for i, (cell, o) in enumerate(cells)
+              if all((str(has[k][i]) if k == "row" else has[k][i]) in vals for k, vals in filters.items())]
+    _refuse_unmatched(grid, filters, has)
     _refuse_grid_keys(grid, [cell for cell, _ in picked], extra)
     runs = []
     for cell, o in picked:
@@ -377,6 +377,24 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
         wanted = " ".join(f"{k}={','.join(map(str, v))}" for k, v in filters.items())
         raise UserError(f"--only {wanted}: no run of {grid} matches; see `pbr sweep {grid} --dry-run`")
     return runs
+
+
+def _refuse_unmatched(grid: str, filters: dict[str, list], has: dict[str, list]) -> None:
+    """An --only value no run of the grid has (a typo: row=pbr-reservior, method.name=dre++) would
+    leave its runs out of the plan while the others are queued: one line naming each such value and
+    what the grid has. Values compare as the filter compares them (0.01 read from --only is 0.01)."""
+    wrong = []
+    for key, vals in filters.items():
+        grid_values = [str(v) for v in has[key] if v is not None] if key == "row" else has[key]
+        missing = [v for v in vals if v not in grid_values]
+        if missing and not grid_values:
+            wrong.append(f"--only row: {grid} names no rows (fidelity does); pick its runs by their keys")
+        elif missing:
+            shown = ", ".join(dict.fromkeys(map(str, grid_values)))
+            what = "rows" if key == "row" else f"values of {key}"
+            wrong.append(f"--only {key}={','.join(map(str, missing))}: no run of {grid} has it ({what}: {shown})")
+    if wrong:
+        raise UserError("; ".join(wrong))
 
 
 def _refuse_grid_keys(grid: str, cells: list[dict[str, Any]], extra: dict[str, Any]) -> None:
