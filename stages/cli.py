@@ -141,7 +141,8 @@ def sweep(
                                          "fidelity (PBR's open readings against ER), families (every method, balanced "
                                          "and long-tailed Seq-CIFAR-10)."),
     budget: str = typer.Option("full", "--budget", help="full: params.yaml as it is (50 epochs per task, width "
-                                                        "64); proxy: the validated cheap stand-in (docs/method.md); quick: "
+                                                        "64); proxy: the validated cheap stand-in, Seq-CIFAR-10-LT "
+                                                        "(ordered, IR 0.01) cells only (docs/method.md); quick: "
                                                         "width 8, one epoch a task."),
     seeds: str = typer.Option("5", "--seeds", help="N: seeds 0..N-1 of every cell (the paper averages 5 runs); "
                                                      "A-B: seeds A..B (e.g. 100-109); or a list A,B,C."),

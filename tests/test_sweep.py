@@ -181,10 +181,36 @@ def test_fidelity_grid_at_the_proxy_budget():
     assert all("model.width" not in r.overrides and not r.name.endswith("proxy") for r in full)
 
 
-def test_proxy_budget_refuses_ten_task_streams():
-    with pytest.raises(UserError, match="--budget proxy is defined for 5-task streams"):
+def test_proxy_budget_refuses_cells_off_the_stream_it_was_validated_on():
+    """The proxy was validated on Seq-CIFAR-10-LT, ordered, IR 0.01, 5 tasks (docs/method.md): a
+    grid's cell on another stream is refused, not queued and reported as "(proxy)"."""
+    from pbr.methods import METHODS
+
+    with pytest.raises(UserError) as e:
+        _plan("table3", budget="proxy")
+    assert str(e.value) == (
+        "--budget proxy was validated on Seq-CIFAR-10-LT only (ordered, IR 0.01, 5 tasks; docs/method.md); 8 of the "
+        "8 cells of table3 are off it (data.dataset=cifar100; data.setting=shuffled; data.imbalance_ratio=0.02,0.05,"
+        "0.1; e.g. c100-derpp-b200-shu-ir0.01-s0-proxy): use --budget full")
+    n = len(METHODS)
+    with pytest.raises(UserError, match=rf" {n} of the {2 * n} cells of families are off it \(data.imbalance_ratio=1.0; "
+                                        r".*: use --budget full, or keep the validated ones: --only "
+                                        r"data.imbalance_ratio=0.01$"):
+        _plan("families", budget="proxy")
+    with pytest.raises(UserError, match=r"\(data.imbalance_ratio=1.0; data.dataset=cifar100,tinyimagenet; "
+                                        r"data.n_tasks=10; .*--only data.dataset=cifar10 --only data.imbalance_ratio=0.01$"):
         _plan("table2", budget="proxy")
-    assert len(_plan("table2", budget="proxy", only={"data.dataset": ["cifar10"]})) == _table2_rows_per_dataset()
+    # The --only the error names keeps exactly the validated cells: table 2's CIFAR-10 less its IR 1 bounds.
+    kept = _plan("table2", budget="proxy", only={"data.dataset": ["cifar10"], "data.imbalance_ratio": [0.01]})
+    bounds = sum(c.role == "bound" for c in METHODS.values())
+    assert len(kept) == _table2_rows_per_dataset() - bounds
+    assert {(o["data.dataset"], o["data.setting"], o["data.imbalance_ratio"], o["data.n_tasks"])
+            for o in (r.overrides for r in kept)} == {("cifar10", "ordered", 0.01, 5)}
+    assert len(_plan("table5", budget="proxy")) == 8
+    # A stream key given with -S is the user's own departure (docs/method.md's shuffled proxy runs); so
+    # is -S train.epochs, which replaces the proxy's per-task epochs.
+    assert len(_plan("fidelity", extra={"data.setting": "shuffled"}, only={"row": ["pbr"]}, budget="proxy")) == 1
+    assert len(_plan("table3", extra={"train.epochs": 2}, budget="proxy")) == 8
     with pytest.raises(UserError, match="--budget huge: not one of full | proxy"):
         _plan("table5", budget="huge")
 
