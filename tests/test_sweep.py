@@ -72,7 +72,21 @@ def test_only_and_set():
     here = _plan("table3", seeds=2, extra={"data.root": "/scratch/me/datasets", "data.download": False})
     assert [r.name for r in here] == [r.name for r in _plan("table3", seeds=2)]
     assert here[0].overrides["data.root"] == "/scratch/me/datasets"
-    assert "-S 'train.epochs=1'" in runs[0].command()
+    assert "-S train.epochs=1 " in runs[0].command()
+
+
+def test_a_dry_run_command_pastes_into_a_shell():
+    """Each -S value is quoted for the shell only where it needs it: a quote or a space in a value
+    (a data.root) survives the paste, and plain values print bare."""
+    import shlex
+
+    run = _plan("fidelity", extra={"data.root": "/data/bob's disk"}, only={"row": ["pbr"]}, budget="proxy")[0]
+    line = run.command()
+    words = shlex.split(line)
+    assert words[:6] == ["dvc", "exp", "run", "--queue", "-n", "fid-pbr-s0-proxy"]
+    assert words[6::2] == ["-S"] * len(run.set_params())
+    assert words[7::2] == run.set_params() and "data.root=/data/bob's disk" in words
+    assert "-S method.name=pbr -S model.width=8 -S 'train.epochs=[4, 8, 16, 40, 80]' " in line
 
 
 @pytest.mark.parametrize("args,msg", [

@@ -13,6 +13,7 @@ Run the queue with `dvc queue start -j N`, then `pbr report` builds the tables f
 from __future__ import annotations
 
 import hashlib
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -245,8 +246,9 @@ class Run:
         return [f"{k}={_yaml(v)}" for k, v in self.overrides.items()]
 
     def command(self) -> str:
-        sets = " ".join(f"-S '{s}'" for s in self.set_params())
-        return f"dvc exp run --queue -n {self.name} {sets}"
+        """The line to paste into a shell: each value quoted only where the shell needs it."""
+        sets = " ".join(f"-S {shlex.quote(s)}" for s in self.set_params())
+        return f"dvc exp run --queue -n {shlex.quote(self.name)} {sets}"
 
 
 def _yaml(v: Any) -> str:
