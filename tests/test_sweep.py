@@ -195,6 +195,22 @@ def test_fidelity_grid_at_the_proxy_budget():
     assert all("model.width" not in r.overrides and not r.name.endswith("proxy") for r in full)
 
 
+def test_the_fidelity_grid_is_what_the_proposed_method_declares(monkeypatch):
+    """The grid names no method's keys: the method of role "ours" declares its readings, and a new
+    one (or a changed list) is a class attribute, not an edit of the sweep."""
+    from pbr.methods.pbr import PBR
+
+    monkeypatch.setattr(PBR, "reading_pair", (("offset", ("task", "class")), ("walk_rank", ("task", "class"))))
+    monkeypatch.setattr(PBR, "readings", {"alpha": ("a", (0.3, 1.0))})
+    monkeypatch.setattr(PBR, "literal", {})
+    names = sorted(r.name for r in _plan("fidelity", seeds=1))
+    # The pair: 2 x 2 less PBR's own (offset task, rank task); alpha 0.3 (1.0 is PBR's); PBR and its
+    # two ablations; ER at two lrs; no literal row.
+    assert names == sorted(["fid-er-lr0.03-s0", "fid-er-lr0.1-s0", "fid-pbr-class-task-s0", "fid-pbr-task-class-s0",
+                            "fid-pbr-class-class-s0", "fid-pbr-a0.3-s0", "fid-pbr-s0", "fid-pbr-random-s0",
+                            "fid-pbr-reservoir-s0"])
+
+
 def test_proxy_budget_refuses_cells_off_the_stream_it_was_validated_on():
     """The proxy was validated on Seq-CIFAR-10-LT, ordered, IR 0.01, 5 tasks (docs/method.md): a
     grid's cell on another stream is refused, not queued and reported as "(proxy)"."""

@@ -123,34 +123,6 @@ def table5(base: dict | None = None) -> Iterator[dict[str, Any]]:
             yield {**_task("ordered", "cifar10", 0.01), **_method(ours.name, 200, variant, head)}
 
 
-# The fidelity grid's one-at-a-time changes to the proposed method: its own key (or a dotted key of
-# another section) -> (short name, the values tried). A cell is made for each value other than
-# params.yaml's.
-READINGS: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "kl_classes": ("kl", ("old", "all")),
-    "mi_logits": ("mi", ("scaled", "cosine")),
-    "tau1": ("tau1-", (0.1, 1.0)),
-    "alpha": ("a", (0.3, 1.0, 3.0)),
-    "beta": ("b", (0.0, 0.1, 1.0)),
-    "train.lr": ("lr", (0.03, 0.1)),
-    "imprint": ("imprint-", (False, True)),
-    "walk_candidate": ("", ("hold", "advance")),
-    # Readings of "uncertainty-guided" first tried after the pre-registration (selection seeds only).
-    "walk_count": ("N-", ("task", "stream")),
-    "buffer_order": ("", ("uncertain_weighted", "certain_weighted")),
-    "mi_power": ("mipow", (1.0, 2.0, 0.5)),
-    "walk_rank": ("rank-", ("task", "class")),
-    "mi_outliers": ("out", (0.0, 0.05)),
-    "mi_model": ("mi-", ("final", "teacher")),
-    "evict": ("evict-", ("random", "certain", "uncertain")),
-    "walk_pool": ("pool-", ("task", "buffer_and_task")),
-    "mc_dropout": ("mcdrop", ("auto", 0.3)),
-    "mc_samples": ("T", (20, 50)),
-    "mi_epochs": ("miep", (1, 5)),
-    "mc_backbone": ("mcbackbone-", (False, True)),
-}
-
-
 def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
     """The readings of the paper's open points (docs/method.md), on Seq-CIFAR-10-LT, ordered, IR
     0.01, buffer 200: the walk's order x offset counts, then one change at a time on params.yaml's
@@ -165,14 +137,16 @@ def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
     for cls in _taking_part("fidelity"):
         for lr in (0.03, 0.1):
             yield {**task, "method.name": cls.name, "train.lr": lr, "_row": f"{cls.name}-lr{lr:g}"}
-    now_order, now_offset = (_own_value(ours, base, k) for k in ("buffer_order", "offset"))
-    for offset in ("class", "task"):
-        for order in ("uncertain_first", "certain_first", "random"):
-            if offset == now_offset and order in (now_order, "random"):
-                continue  # the rows of the method itself and of its random order, below
-            yield {**task, **_method(name, 200), key("buffer_order"): order, key("offset"): offset,
-                   "_row": f"{name}-{order.split('_')[0]}-{offset}"}
-    for k, (short, values) in READINGS.items():
+    if ours.reading_pair is not None:
+        (a, a_values), (b, b_values) = ours.reading_pair
+        now = {a: _own_value(ours, base, a), b: _own_value(ours, base, b)}
+        taken = [now, *({**now, **v} for v in ours.ablations.values())]  # rows of their own, below
+        for vb in b_values:
+            for va in a_values:
+                if {a: va, b: vb} not in taken:
+                    yield {**task, **_method(name, 200), key(a): va, key(b): vb,
+                           "_row": f"{name}-{str(va).split('_')[0]}-{vb}"}
+    for k, (short, values) in ours.readings.items():
         now = _get(base, k) if "." in k else None  # train.lr: params.yaml's, else the method's own
         if now in ("auto", None):
             now = _own_value(ours, base, k.split(".")[-1])
@@ -184,8 +158,8 @@ def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
     for variant in ours.ablations:  # the paper's Ours - Random, in both readings
         yield {**task, "method.name": name, **{key(k): v for k, v in ours.ablations[variant].items()},
                "_row": f"{name}-{variant}"}
-    # The paper as written, beside ours (docs/preregistration.md).
-    yield {**task, "method.name": name, key("preset"): "paper", "_row": f"{name}-literal"}
+    if ours.literal:  # the paper as written, beside ours (docs/preregistration.md)
+        yield {**task, "method.name": name, **{key(k): v for k, v in ours.literal.items()}, "_row": f"{name}-literal"}
 
 
 def _own_value(cls, base: dict, key: str) -> Any:
