@@ -2,6 +2,7 @@
 used to dig out of state dicts: its classifier's norms and what MC dropout samples."""
 
 import csv
+import json
 import os
 
 import pytest
@@ -55,6 +56,13 @@ def test_weight_norms_are_the_classifier_the_method_predicts_with(runs, name):
         want = [round(float(torch.linalg.vector_norm(row)), 6) for row in state[key]]
         assert norms == pytest.approx(want, abs=2e-6), (name, k)
     assert len(by_task) == 5
+    # DVC's bar plot of the final norms sorts its axis as text: in label order only when padded.
+    with open(runs[name] / "reports/eval/weight_norms_final.csv") as f:
+        final = list(csv.DictReader(f))
+    assert sorted(r["class"] for r in final) == [r["class"] for r in final]
+    names = json.loads((runs[name] / "data/prepared/manifest.json").read_text())["class_names"]
+    assert [r["class"].split(" ", 1)[1] for r in final] == names  # the bars read by class name
+    assert [float(r["norm"]) for r in final] == by_task[4]
 
 
 def test_a_method_without_a_single_head_is_not_mc_scored(runs):

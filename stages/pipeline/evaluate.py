@@ -148,11 +148,16 @@ def run(cfg, log=print, tracker=None) -> dict:
     artifacts.write_csv(out / "accuracy_curve.csv", curve)
     artifacts.write_csv(out / "weight_norms.csv", [
         {"after_task": k, "class": c, "norm": round(v, 6)} for k in range(n_tasks) for c, v in enumerate(norms[k])])
+    # The bar plots' axis: DVC sorts it as text, so "010" after "009" (and the class named), not "10" after "1".
+    def named(c):
+        return f"{c:03d} {manifest['class_names'][c]}"
+
     artifacts.write_csv(out / "weight_norms_final.csv", [
-        {"class": c, "norm": round(v, 6)} for c, v in enumerate(norms[-1])])
+        {"label": c, "class": named(c), "norm": round(v, 6)} for c, v in enumerate(norms[-1])])
     artifacts.write_csv(out / "buffer_histogram.csv", [
         {"after_task": k, "class": c, "count": v} for k in range(n_tasks) for c, v in enumerate(hist[k])])
-    artifacts.write_csv(out / "buffer_final.csv", [{"class": c, "count": v} for c, v in enumerate(hist[-1])])
+    artifacts.write_csv(out / "buffer_final.csv", [{"label": c, "class": named(c), "count": v}
+                                                   for c, v in enumerate(hist[-1])])
     faults.point("evaluate:partial")
 
     def shown(m):  # JOINT's rows before the last are an untrained network's: not drawn as results

@@ -17,7 +17,7 @@ def count_tables(manifest: dict) -> tuple[list[dict], list[dict]]:
         for pos, c in enumerate(manifest["class_order"])
     ]
     per_task = [
-        {"task": t, "train_count": manifest["task_train_counts"][t], "test_count": manifest["task_test_counts"][t]}
+        {"task": f"{t:02d}", "train_count": manifest["task_train_counts"][t], "test_count": manifest["task_test_counts"][t]}
         for t in range(manifest["n_tasks"])
     ]
     return per_class, per_task
