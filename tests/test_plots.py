@@ -44,3 +44,26 @@ def test_forgotten_and_kept_share_their_bins(drawn, tmp_path, monkeypatch):
                      None)
     (hist,) = [f for f in drawn if f.axes[0].get_title() == "Forgotten vs kept training samples"]
     assert len({round(p.get_width(), 9) for p in hist.axes[0].patches}) == 1
+
+
+def test_bars_of_many_classes_are_lines_in_a_figure_of_readable_width(drawn, tmp_path):
+    """TinyImageNet's 200 classes after 10 tasks as bar groups: a figure 105 inches wide (11,550
+    pixels), each task's bar under a pixel. Above 20 classes each snapshot is a line instead; a
+    class not seen yet (NaN) still draws nothing."""
+    import numpy as np
+
+    values = [[float(c) if c < 20 * (k + 1) else math.nan for c in range(200)] for k in range(10)]
+    plots.bars_by_task(values, "||w_c||", "norms", tmp_path / "n.png")
+    plots.bars_by_task([[1.0, 2.0], [1.5, math.nan]], "count", "buffer", tmp_path / "b.png")
+    many, few = drawn
+    assert many.get_size_inches()[0] <= 12 and not many.axes[0].patches
+    lines = many.axes[0].get_lines()
+    assert len(lines) == 10 and np.count_nonzero(~np.isnan(lines[3].get_ydata())) == 80
+    assert len(few.axes[0].patches) == 4  # bars, as before (the NaN one of no height)
+
+
+def test_a_histogram_with_nothing_to_draw_says_so(drawn, tmp_path):
+    plots.histograms({"forgotten": [], "kept": []}, "MI", "t", tmp_path / "h.png")
+    (fig,) = drawn
+    assert fig.axes[0].get_legend() is None
+    assert [t.get_text() for t in fig.axes[0].texts] == ["no samples in forgotten or kept"]
