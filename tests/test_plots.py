@@ -39,11 +39,17 @@ def test_forgotten_and_kept_share_their_bins(drawn, tmp_path, monkeypatch):
     n = 8
     data = {"split": np.array(["train"] * n), "label": np.array([0] * 4 + [1] * 4), "task": np.zeros(n, int),
             "mi": np.array([0.01, 0.012, 0.015, 0.011, 0.001, 0.1, 0.19, 0.05]), "entropy": np.zeros(n),
-            "correct_own": np.full(n, True), "forgotten": np.array([True] * 4 + [False] * 4)}
-    score._summaries(data, {"train_counts": [4, 4], "class_order": [0, 1], "class_names": ["a", "b"], "n_tasks": 2},
+            "correct_own": np.full(n, True), "forgotten": np.array([True] * 4 + [False] * 4),
+            "mi_final": np.array([0.1, 0.3, 0.2, 0.2, 0.5, 0.5, 0.7, 0.3])}
+    score._summaries(data, {"train_counts": [4, 2], "class_order": [0, 1], "class_names": ["a", "b"], "n_tasks": 2},
                      None)
     (hist,) = [f for f in drawn if f.axes[0].get_title() == "Forgotten vs kept training samples"]
     assert len({round(p.get_width(), 9) for p in hist.axes[0].patches}) == 1
+    # Uncertainty against frequency: the own-task model's MI (a softmax over the classes seen by then)
+    # and the final model's (over every class) side by side; class b by hand: (0.5+0.5+0.7+0.3)/4 = 0.5.
+    (sc,) = [f for f in drawn if f.axes[0].get_title() == "Uncertainty against class frequency"]
+    own, final = (np.asarray(c.get_offsets()).ravel().tolist() for c in sc.axes[0].collections)
+    assert own == pytest.approx([4, 0.012, 2, 0.08525]) and final == pytest.approx([4, 0.2, 2, 0.5])
 
 
 def test_bars_of_many_classes_are_lines_in_a_figure_of_readable_width(drawn, tmp_path):

@@ -262,6 +262,7 @@ def _summaries(data: dict, manifest: dict, tracker, learns_each_task: bool = Tru
         by_class.append({"position": pos, "label": c, "class": manifest["class_names"][c],
                          "task": int(data["task"][m][0]) if m.any() else -1, "count": counts[c],
                          "mean_mi": mean(data["mi"][m & trained]), "mean_entropy": mean(data["entropy"][m & trained]),
+                         "mean_mi_final": mean(data["mi_final"][m]),
                          "forgotten_rate": rate(data["forgotten"][m & learned])})
     out = paths.SCORE_REPORTS
     artifacts.write_csv(out / "by_class.csv", by_class)
@@ -276,8 +277,13 @@ def _summaries(data: dict, manifest: dict, tracker, learns_each_task: bool = Tru
         {"mi": round(float((edges[i] + edges[i + 1]) / 2), 6),
          "forgotten": round(float(hf[i] / max(hf.sum(), 1)), 6), "kept": round(float(hk[i] / max(hk.sum(), 1)), 6)}
         for i in range(len(hf))])
-    plots.scatter([r["count"] for r in by_class], [r["mean_mi"] for r in by_class], "training images of the class",
-                  "mean MI (own-task model)", "Uncertainty against class frequency", out / "uncertainty_vs_frequency.png")
+    # The own-task model's softmax spans the classes seen by then, so a later (in the ordered stream,
+    # smaller) class's MI is over more classes; the final model's spans every class alike.
+    plots.scatter([r["count"] for r in by_class], {
+        "own-task model (softmax over the classes seen by then)": [r["mean_mi"] for r in by_class],
+        "final model (softmax over every class)": [r["mean_mi_final"] for r in by_class]},
+        "training images of the class", "mean MI", "Uncertainty against class frequency",
+        out / "uncertainty_vs_frequency.png")
     plots.histograms({"forgotten": forgotten.tolist(), "kept": kept.tolist()}, "MI (own-task model)",
                      "Forgotten vs kept training samples", out / "forgotten_vs_kept.png", bins=edges)
     summary = {"score.mean_mi": mean(data["mi"][train & trained]),

@@ -98,9 +98,13 @@ def bars_by_task(values: list[list[float]], ylabel: str, title: str, path: Path)
     _save(plt, fig, path)
 
 
-def scatter(x, y, xlabel: str, ylabel: str, title: str, path: Path, logx: bool = True) -> None:
+def scatter(x, ys: dict[str, list[float]], xlabel: str, ylabel: str, title: str, path: Path, logx: bool = True) -> None:
+    """One point series per entry of `ys` over the same x, each with its legend label."""
     plt, (fig, ax) = _figure(figsize=(6, 4))
-    ax.scatter(x, y, s=18)
+    for label, y in ys.items():
+        ax.scatter(x, y, s=18, label=label)
+    if len(ys) > 1:
+        ax.legend(fontsize=7)
     if logx:
         ax.set_xscale("log")
     ax.set_xlabel(xlabel)
