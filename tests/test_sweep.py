@@ -196,13 +196,12 @@ def test_fidelity_grid_at_the_proxy_budget():
 
 
 def test_the_fidelity_grid_is_what_the_proposed_method_declares(monkeypatch):
-    """The grid names no method's keys: the method of role "ours" declares its readings, and a new
-    one (or a changed list) is a class attribute, not an edit of the sweep."""
-    from pbr.methods.pbr import PBR
+    """The grid names no method's keys: the method of role "ours" has its readings in pbr/readings.py
+    (out of the code that shapes the weights), and a changed list is an edit there, not of the sweep."""
+    from pbr import readings
 
-    monkeypatch.setattr(PBR, "reading_pair", (("offset", ("task", "class")), ("walk_rank", ("task", "class"))))
-    monkeypatch.setattr(PBR, "readings", {"alpha": ("a", (0.3, 1.0))})
-    monkeypatch.setattr(PBR, "literal", {})
+    monkeypatch.setitem(readings.READINGS, "pbr", readings.Readings(
+        pair=(("offset", ("task", "class")), ("walk_rank", ("task", "class"))), one_at_a_time={"alpha": ("a", (0.3, 1.0))}))
     names = sorted(r.name for r in _plan("fidelity", seeds=1))
     # The pair: 2 x 2 less PBR's own (offset task, rank task); alpha 0.3 (1.0 is PBR's); PBR and its
     # two ablations; ER at two lrs; no literal row.

@@ -120,15 +120,6 @@ class ContinualMethod:
     # The paper's named ablations of the method: its own keys over its settings (PBR's "Ours -
     # Random" in two readings); `pbr sweep` runs each beside the method where the paper does.
     ablations: ClassVar[dict[str, dict[str, Any]]] = {}
-    # The readings of the paper's open points the fidelity grid tries on the method (`pbr sweep
-    # fidelity`, for the method of role "ours"): `reading_pair`, two of its keys tried together, each
-    # pair of values a row NAME-<a's first word>-<b> (but the pairs the method itself or one of its
-    # ablations is); `readings`, one change at a time: a key (its own, or a dotted key of another
-    # section) -> (short name, the values tried), a row NAME-<short><value> for each value other than
-    # params.yaml's; `literal`, its keys as the paper writes it (row NAME-literal).
-    reading_pair: ClassVar[tuple[tuple[str, tuple[Any, ...]], tuple[str, tuple[Any, ...]]] | None] = None
-    readings: ClassVar[dict[str, tuple[str, tuple[Any, ...]]]] = {}
-    literal: ClassVar[dict[str, Any]] = {}
     # The paper's experiments the method takes part in beyond what its role says (`pbr sweep`'s
     # grids "table3", "table5", "fidelity"); read off the class itself, not inherited.
     grids: ClassVar[tuple[str, ...]] = ()

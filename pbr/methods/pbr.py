@@ -33,33 +33,6 @@ class PBR(ContinualMethod):
     # "Ours - Random" read two ways: the walk in random order, or Vitter's online reservoir that the
     # walk is contrasted with (docs/method.md, point 10).
     ablations = {"random": {"buffer_order": "random"}, "reservoir": {"sampling": "reservoir"}}
-    # The fidelity grid's readings of the paper's open points (docs/method.md): the walk's order x
-    # offset counts, then one change at a time, then the paper as written.
-    reading_pair = (("buffer_order", ("uncertain_first", "certain_first", "random")), ("offset", ("class", "task")))
-    readings = {
-        "kl_classes": ("kl", ("old", "all")),
-        "mi_logits": ("mi", ("scaled", "cosine")),
-        "tau1": ("tau1-", (0.1, 1.0)),
-        "alpha": ("a", (0.3, 1.0, 3.0)),
-        "beta": ("b", (0.0, 0.1, 1.0)),
-        "train.lr": ("lr", (0.03, 0.1)),
-        "imprint": ("imprint-", (False, True)),
-        "walk_candidate": ("", ("hold", "advance")),
-        # Readings of "uncertainty-guided" first tried after the pre-registration (selection seeds only).
-        "walk_count": ("N-", ("task", "stream")),
-        "buffer_order": ("", ("uncertain_weighted", "certain_weighted")),
-        "mi_power": ("mipow", (1.0, 2.0, 0.5)),
-        "walk_rank": ("rank-", ("task", "class")),
-        "mi_outliers": ("out", (0.0, 0.05)),
-        "mi_model": ("mi-", ("final", "teacher")),
-        "evict": ("evict-", ("random", "certain", "uncertain")),
-        "walk_pool": ("pool-", ("task", "buffer_and_task")),
-        "mc_dropout": ("mcdrop", ("auto", 0.3)),
-        "mc_samples": ("T", (20, 50)),
-        "mi_epochs": ("miep", (1, 5)),
-        "mc_backbone": ("mcbackbone-", (False, True)),
-    }
-    literal = {"preset": "paper"}
     label = "PBR"
     memory = UncertaintyWalk  # or the online reservoir (sampling: reservoir): make_policy
     laned = True  # tests/test_lockstep.py (its teacher is laned too)

@@ -22,6 +22,7 @@ import yaml
 
 from pbr.data.facts import DATASETS as FACTS
 from pbr.errors import UserError
+from pbr.readings import READINGS, Readings
 from stages.experiments.paper_results import PAPER_N_TASKS
 from stages.runtime.yaml12 import read_params, read_yaml
 
@@ -137,8 +138,9 @@ def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
     for cls in _taking_part("fidelity"):
         for lr in (0.03, 0.1):
             yield {**task, "method.name": cls.name, "train.lr": lr, "_row": f"{cls.name}-lr{lr:g}"}
-    if ours.reading_pair is not None:
-        (a, a_values), (b, b_values) = ours.reading_pair
+    readings = READINGS.get(name, Readings())
+    if readings.pair is not None:
+        (a, a_values), (b, b_values) = readings.pair
         now = {a: _own_value(ours, base, a), b: _own_value(ours, base, b)}
         taken = [now, *({**now, **v} for v in ours.ablations.values())]  # rows of their own, below
         for vb in b_values:
@@ -146,7 +148,7 @@ def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
                 if {a: va, b: vb} not in taken:
                     yield {**task, **_method(name, 200), key(a): va, key(b): vb,
                            "_row": f"{name}-{str(va).split('_')[0]}-{vb}"}
-    for k, (short, values) in ours.readings.items():
+    for k, (short, values) in readings.one_at_a_time.items():
         now = _get(base, k) if "." in k else None  # train.lr: params.yaml's, else the method's own
         if now in ("auto", None):
             now = _own_value(ours, base, k.split(".")[-1])
@@ -158,8 +160,9 @@ def fidelity(base: dict | None = None) -> Iterator[dict[str, Any]]:
     for variant in ours.ablations:  # the paper's Ours - Random, in both readings
         yield {**task, "method.name": name, **{key(k): v for k, v in ours.ablations[variant].items()},
                "_row": f"{name}-{variant}"}
-    if ours.literal:  # the paper as written, beside ours (docs/preregistration.md)
-        yield {**task, "method.name": name, **{key(k): v for k, v in ours.literal.items()}, "_row": f"{name}-literal"}
+    if readings.literal:  # the paper as written, beside ours (docs/preregistration.md)
+        yield {**task, "method.name": name, **{key(k): v for k, v in readings.literal.items()},
+               "_row": f"{name}-literal"}
 
 
 def _own_value(cls, base: dict, key: str) -> Any:
