@@ -140,10 +140,11 @@ def run(cfg, log=print, tracker=None) -> dict:
                             "final_per_task": m[-1]}
         rows = [{"after_task": j, **{f"task_{i}": round(v, 4) for i, v in enumerate(r)}} for j, r in enumerate(m)]
         artifacts.write_csv(out / f"{scen}_matrix.csv", rows)
-    # Empty where the matrices above are no results: a mode the method has no metrics of (PNN's
-    # Class-IL), rows before the last of a method that learns at the last task only (JOINT).
+    # NaN where the matrices above are no results: a mode the method has no metrics of (PNN's
+    # Class-IL), rows before the last of a method that learns at the last task only (JOINT). NaN, not
+    # an empty cell: DVC's plot (Vega) drops "nan" but reads "" as 0.
     curve = [{"after_task": j, **{scen: round(sum(summary[scen]["matrix"][j][: j + 1]) / (j + 1), 4)
-                                  if scen in modes and (method.learns_each_task or j == n_tasks - 1) else None
+                                  if scen in modes and (method.learns_each_task or j == n_tasks - 1) else float("nan")
                                   for scen in ("class_il", "task_il")}} for j in range(n_tasks)]
     artifacts.write_csv(out / "accuracy_curve.csv", curve)
     artifacts.write_csv(out / "weight_norms.csv", [
