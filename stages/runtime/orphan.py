@@ -5,8 +5,10 @@ for it, ignoring Ctrl-C meanwhile (the terminal sends it to the stage too). A SI
 (`kill <pid>`, a container stop or a scheduler that signals the main process only) ends dvc and
 leaves the stage running: an orphan that goes on writing the outputs a new `dvc repro` writes too,
 its MLflow run RUNNING until some later stage on the same host notices. dash does not exec the
-command it runs (bash does), so the kernel's parent-death signal would watch the shell, which
-outlives dvc: a thread here watches the dvc process itself and stops the stage as SIGTERM does.
+command it runs (bash does), and a stage's command may be a script that runs pbr, so the kernel's
+parent-death signal would watch a process that outlives dvc: a thread here watches the dvc process
+itself, the nearest ancestor without the stage's DVC_STAGE in its environment (DVC sets it for the
+command only), and stops the stage as SIGTERM does.
 """
 
 from __future__ import annotations
@@ -17,37 +19,57 @@ import threading
 import time
 from pathlib import Path
 
-SHELLS = frozenset({"sh", "dash", "bash", "zsh", "fish", "ksh", "mksh"})
+GONE = (FileNotFoundError, ProcessLookupError)
 
 
 def _stat(pid: int) -> tuple[str, str, int, int] | None:
-    """(name, state, parent pid, start time) of a process, None where it is gone (or no /proc)."""
+    """(name, state, parent pid, start time) of a process, None where it is gone. Any other error
+    (no /proc, too many open files) raises: the caller must not read it as a death."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    except GONE:
         return None
     # The name is in parentheses and may hold spaces or parentheses itself.
     rest = text[text.rindex(")") + 2:].split()
     return text[text.index("(") + 1:text.rindex(")")], rest[0], int(rest[1]), int(rest[19])
 
 
+def _in_the_stage(pid: int, stage: bytes) -> bool:
+    """Whether process `pid` runs inside the stage (a shell or script DVC started it through)."""
+    try:
+        return b"DVC_STAGE=" + stage in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # another user's process, or gone: not one of the stage's own
+        return False
+
+
 def dvc_process() -> tuple[int, int] | None:
-    """(pid, start time) of the process that started this stage: the parent, or the shell's parent
-    where the parent is a shell. None outside DVC or where it cannot be told."""
-    if not os.environ.get("DVC_STAGE"):
+    """(pid, start time) of the dvc process that started this stage, None outside DVC or where it
+    cannot be told (no /proc, or already orphaned)."""
+    stage = os.environ.get("DVC_STAGE")
+    if not stage:
         return None
-    pid = os.getppid()
-    st = _stat(pid)
-    if st is not None and st[0] in SHELLS:
-        pid = st[2]
+    try:
+        pid = os.getppid()
+        for _ in range(16):  # shells and scripts between dvc and the stage
+            if not _in_the_stage(pid, os.fsencode(stage)):
+                break
+            st = _stat(pid)
+            if st is None:
+                return None
+            pid = st[2]
         st = _stat(pid)
-    if st is None or pid <= 1:  # no /proc, or orphaned already: nothing to follow
+    except OSError:
+        return None
+    if st is None or pid <= 1:
         return None
     return pid, st[3]
 
 
 def _alive(pid: int, start: int) -> bool:
-    st = _stat(pid)
+    try:
+        st = _stat(pid)
+    except OSError:  # cannot tell now (too many open files): not a death
+        return True
     # A zombie has died; another start time is another process that took the pid.
     return st is not None and st[1] not in ("Z", "X") and st[3] == start
 
