@@ -240,6 +240,27 @@ def _record_run(out: Path, fp: str, s: RunSettings, device, n_threads: int, n_ta
     resume.keep(out, "run.json", fp)
 
 
+def _threads_of_the_run(out: Path, start: int, setting, n_threads: int, log) -> int:
+    """Under `auto` (no OMP_NUM_THREADS), a resumed run goes on at the thread count its last finished
+    task trained with: `auto` follows the machine's load, and a CPU run's digits follow its thread
+    count, so a kill and a resume would otherwise end with another run's metrics than the
+    uninterrupted one's. A count given (train.threads, OMP_NUM_THREADS) is the user's to keep."""
+    import torch
+
+    if setting != "auto" or threads.given_by_environment():
+        return n_threads
+    try:
+        before = json.loads((out / "run.json").read_text())
+        then = int((before.get("threads_by_task") or [before["threads"]] * start)[start - 1])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return n_threads
+    if then != n_threads:
+        torch.set_num_threads(then)
+        log(f"train.threads auto: resuming on the {then} thread(s) its finished tasks trained with (now {n_threads} "
+            "would be picked), so it ends as the uninterrupted run")
+    return then
+
+
 def _restore(method, out: Path, start: int, device, gen) -> tuple[dict, list]:
     """The method, the generators and the logs as they were after finished task `start`."""
     import torch
@@ -313,6 +334,8 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
         # with the commit and params the same) or tasks now trained again: its records stay its own.
         tracker.start_over()
         logged = 0
+    if start:
+        n_threads = _threads_of_the_run(out, start, cfg.train.threads, n_threads, log)
     _record_run(out, fp, s, device, n_threads, n_tasks, tracker, cfg, start)
     train_sets, test_sets = _load_tasks(manifest, device)
     if s["compile"]:

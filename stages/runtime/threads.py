@@ -72,6 +72,11 @@ def _omp() -> int | None:
     return int(env) if env.isdigit() and int(env) > 0 else None
 
 
+def given_by_environment() -> bool:
+    """OMP_NUM_THREADS sets the count (it wins over `auto`)."""
+    return _omp() is not None
+
+
 def resolve(setting: int | str) -> int:
     if setting != "auto":
         return int(setting)
