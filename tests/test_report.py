@@ -280,6 +280,10 @@ def test_budgets_get_their_own_tables_and_readings_their_own_rows():
     full, proxy_table = text.split("## ordered, IR 0.01 (proxy)")[0], text.split("## ordered, IR 0.01 (proxy)")[1]
     assert "| 200 | PBR | 50.00 (n=1) [paper 51.00]" in full
     assert "[paper" not in proxy_table  # the paper's numbers sit beside the full protocol only
+    assert "[paper X] is the published number" in text
+    # A report of cheaper budgets only shows no paper number, and no legend for one.
+    cheap = report.render_markdown([g for g in groups if g.budget != "full protocol"])
+    assert "[paper" not in cheap
     assert "| 200 | ER (lr 0.03) | 32.00" in proxy_table
     assert "- note: the paper ran every method at lr 0.03; these ran at their own lr (row 'NAME (lr 0.03)' " \
            "where run): ER 0.1 (Mammoth utils/best_args.py @5bb9275 seq-cifar10 (buffer 200, 500, 5120))" in proxy_table
@@ -749,7 +753,10 @@ def test_a_nan_metric_reads_as_missing_with_a_note_not_a_crash():
     groups, _ = report.group_runs(runs)
     text = report.render_markdown(groups)
     assert "52.00 ± 2.83" in text  # PBR: 50 and 54; ER: 40 and 41
-    assert "run pbr-1's class_il.acc not finite, left out" in text and "run er-2's class_il.acc" in text
+    assert "run pbr-1's class_il.acc not finite, left out of its cells" in text and "run er-2's class_il.acc" in text
+    # A scoring's NaN is no cell of the tables: no note (JOINT's runs all have one).
+    runs[0].metrics["score.mi_kept"] = float("nan")
+    assert "score.mi_kept" not in report.render_markdown(report.group_runs(runs)[0])
     # PBR - ER over the one seed both have a finite value on (seed 0): too few to pair.
     (pbr,) = [g for g in groups if g.method == "PBR"]
     assert pbr.by_seed("class_il", "acc") == {"0": 50.0, "2": 54.0}

@@ -32,6 +32,7 @@ from pbr.errors import UserError
 from stages.runtime import artifacts
 
 METRICS = ("acc", "bwt", "forgetting")
+MODES = ("class_il", "task_il")  # the prefixes of the metrics the tables read
 DEFAULT_EXPERIMENT = "pbr"
 DEFAULT_CSV = Path("reports/report.csv")
 COMPLETE_TAG = "pbr.complete"
@@ -450,9 +451,11 @@ def group_runs(runs: Iterable[RunRecord]) -> tuple[list[Group], list[str]]:
         g = groups.setdefault(key, Group(setting, ir, dataset, n_tasks, label, buf, budget, device, precision))
         # A NaN or infinite metric (an imported or hand-logged run: training refuses a non-finite
         # loss) reads as missing (Group.values): one would make its row's means and intervals NaN.
-        bad = sorted(k for k, v in r.metrics.items() if not math.isfinite(v))
+        # Only what the tables read: a scoring's NaN (JOINT has no forgotten samples) is no missing cell.
+        bad = sorted(k for k, v in r.metrics.items() if k.split(".")[0] in MODES and not math.isfinite(v))
         if bad:
-            g.notes.append(f"{g.describe()}: run {r.run_id}'s {', '.join(bad)} not finite, left out")
+            g.notes.append(f"{g.describe()}: run {r.run_id}'s {', '.join(bad)} not finite, left out of its cells "
+                           "(the run's other figures count)")
         g.runs.append(r)
 
     for gs in _tables(groups.values()).values():
@@ -583,7 +586,9 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
     only = "" if seeds is None else f"; seeds {seed_text(seeds)} only"
     out = [f"# {metric.upper()} (%, {what}): mean ± std over seeds (n = seeds, no ± for one; a seed counts once: its newest "
            f"run, or the mean of its runs of differing settings{only})"]
-    if metric == "acc":
+    if metric == "acc" and any(paper_numbers(setting, ir, g.dataset, g.method, g.buffer_size) != (None, None)
+                               for (budget, setting, ir), gs in sorted_tables(groups) if budget == "full protocol"
+                               for g in gs):  # the paper's numbers sit beside the full protocol's rows only
         out.append("[paper X] is the published number (mean of 5 runs); "
                    "[paper X, N tasks] where the paper used another number of tasks.")
     for (budget, setting, ir), gs in sorted_tables(groups):
