@@ -198,7 +198,12 @@ def sweep(
         if not runs:  # more shards than runs (a SLURM array larger than the grid): nothing to do is no error
             return
     if dry_run:
-        typer.echo("\n".join(r.command() for r in runs))
+        if offline is not None:  # no DVC there: each run's folder and what it would set
+            typer.echo(f"offline: each run in {offline}/runs/NAME (its params.yaml: params.yaml with these values), "
+                       "`pbr train` then `pbr evaluate`; a run that holds DONE is skipped", err=True)
+            typer.echo("\n".join(f"{offline / 'runs' / r.name}  {' '.join(r.set_params())}" for r in runs))
+        else:
+            typer.echo("\n".join(r.command() for r in runs))
         typer.echo(f"{len(runs)} run{'s' * (len(runs) != 1)}", err=True)
         try:  # what the real call would refuse, said now
             stage.refuse_edited_params(params)

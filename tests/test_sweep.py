@@ -154,6 +154,12 @@ def test_cli_dry_run(tmp_path, pbr_main):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 16 and all(x.startswith("dvc exp run --queue -n c10-") for x in lines)
+    # An offline sweep uses no DVC queue: its plan is each run's folder and its values.
+    r = pbr_main("sweep", "table5", "--seeds", "1", "--offline", "out", "--dry-run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 8 and all(x.startswith("out/runs/c10-") and "method.name=" in x for x in lines)
+    assert "dvc" not in r.stdout and not (tmp_path / "out").exists()
     r = pbr_main("sweep", "table3", "-S", "train.epochs", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip() == (
         "error: -S 'train.epochs': write it as key=value, e.g. -S train.epochs=5")
