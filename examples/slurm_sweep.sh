@@ -26,7 +26,7 @@ GRID=${GRID:-table2}      # a grid of `pbr sweep`
 SEEDS=${SEEDS:-5}
 JOBS=${JOBS:-4}           # runs at once on this machine (4 saturate one H200: docs/benchmarks.md)
 BRANCH=${BRANCH:-main}    # every task must plan from the same commit, params.yaml and options
-SWEEP_ARGS=${SWEEP_ARGS:-}  # more options for every task alike, e.g. "--budget proxy -S data.root=/shared/data"
+SWEEP_ARGS=${SWEEP_ARGS:-}  # more options for every task alike, e.g. "-S data.root=/shared/data" (GRID=fidelity: "--budget proxy")
 K=$SLURM_ARRAY_TASK_ID
 N=${SLURM_ARRAY_TASK_COUNT:?}
 if [ -n "${SHARDS:-}" ] && [ "$SHARDS" != "$N" ]; then  # one task submitted alone: SLURM counts an array of one
