@@ -2,7 +2,6 @@
 
 import csv
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -664,9 +663,14 @@ def test_report_marks_killed_what_a_dead_stage_left_running(tmp_path):
     exp = client.create_experiment("pbr", artifact_location=(tmp_path / "a").as_uri())
     host = socket.gethostname()
     killed = client.create_run(exp, tags={"pbr.host": host, "pbr.pid": str(dead.pid)}).info.run_id
-    alive = client.create_run(exp, tags={"pbr.host": host, "pbr.pid": str(os.getpid())}).info.run_id
+    going = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a stage still running
+    alive = client.create_run(exp, tags={"pbr.host": host, "pbr.pid": str(going.pid)}).info.run_id
     elsewhere = client.create_run(exp, tags={"pbr.host": host + "-other", "pbr.pid": str(dead.pid)}).info.run_id
-    report.run(tracking_uri=uri, csv_path=None)
+    try:
+        report.run(tracking_uri=uri, csv_path=None)
+    finally:
+        going.kill()
+        going.wait()
     status = {r: client.get_run(r).info.status for r in (killed, alive, elsewhere)}
     assert status == {killed: "KILLED", alive: "RUNNING", elsewhere: "RUNNING"}
 

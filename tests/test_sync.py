@@ -231,6 +231,17 @@ def test_a_copy_another_import_is_making_is_left_alone(source, template, tmp_pat
     sync.import_runs(str(source), target, "pbr", log=lines.append)
     assert MlflowClient(tracking_uri=target).get_run(making).info.lifecycle_stage == "deleted"
     assert any(line.startswith("deleted ") for line in lines)
+    # Two hours old under a live pid of this machine: a pid taken since by another process (it held
+    # the import back for as long as that process lived).
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        by = f"{socket.gethostname()} {other.pid} {time.time() - 7200:.0f}"
+        stale = c.create_run(exp_id, tags={sync.PENDING_TAG: "elsewhere", sync.BY_TAG: by}).info.run_id
+        sync.import_runs(str(source), target, "pbr", log=lambda m: None)
+        assert MlflowClient(tracking_uri=target).get_run(stale).info.lifecycle_stage == "deleted"
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_an_old_file_store_imports_too(template, tmp_path, monkeypatch):
@@ -325,13 +336,19 @@ def test_plain_files_mark_a_dead_stage_killed_and_skip_a_torn_line(tmp_path, tem
     dead.wait()
     host = so.gethostname()
     gone = rec.create({"pbr.host": host, "pbr.pid": str(dead.pid), "mlflow.runName": "gone"})
-    rec.create({"pbr.host": host, "pbr.pid": str(os.getpid()), "mlflow.runName": "alive"})  # a stage still going
+    going = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a stage still going
+    rec.create({"pbr.host": host, "pbr.pid": str(going.pid), "pbr.pid_start": tracking.process_start(going.pid),
+                "mlflow.runName": "alive"})
     rec.log(gone, metrics=[("train.loss", 2.0, 1, 0), ("train.loss", 1.0, 2, 1)])
     with open(folder / "pbr" / gone / journal.METRICS, "a") as f:
         f.write('{"key": "train.loss", "val')  # the kill came mid-line
     (tmp_path / "params.yaml").write_text("seed: 3\n")
-    with tracking.stage_run("train", {"seed": 3}, tmp_path / "params.yaml") as run:
-        run.log_metrics({"train.loss": 0.5})
+    try:
+        with tracking.stage_run("train", {"seed": 3}, tmp_path / "params.yaml") as run:
+            run.log_metrics({"train.loss": 0.5})
+    finally:
+        going.kill()
+        going.wait()
     reader = journal.Reader(folder)
     status = {r.info.run_name: r.info.status for r in reader.search_runs(["pbr"])}
     assert (status.pop("gone"), status.pop("alive"), list(status.values())) == ("KILLED", "RUNNING", ["FINISHED"])
@@ -444,6 +461,55 @@ def test_a_stage_joins_its_own_executions_run_only(tmp_path, monkeypatch, store)
         pass
     mine = {(r.data.tags["pbr.host"], r.info.status) for r in all_runs() if r.info.run_name.startswith("None-")}
     assert mine == {(socket.gethostname(), "FINISHED"), ("their-node", "KILLED")}
+
+
+@pytest.mark.parametrize("store", ["journal", "sqlite"])
+def test_a_run_killed_before_its_params_or_under_a_reused_pid_is_marked_and_joined(tmp_path, monkeypatch, store,
+                                                                                  template):
+    """Killed between creating its run and logging the params: the next try joined a run without
+    them, and the execution, complete, was left out of the report (no seed). And a dead stage's pid
+    taken by another process (or by the next stage itself, a restarted container) kept its run
+    RUNNING for as long as that process lived: the next stage went on in a new run."""
+    uri = journal.uri(tmp_path / "journal") if store == "journal" else _store(template, tmp_path / "s")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("seed: 4\n")
+    real = tracking.recorder
+
+    def dying():  # the stage dies as its run is made: SystemExit stands for the kill, the run stays RUNNING
+        rec = real()
+        create = rec.create
+        rec.create = lambda tags: (create(tags), (_ for _ in ()).throw(SystemExit(9)))[0]
+        return rec
+
+    monkeypatch.setattr(tracking, "recorder", dying)
+    with pytest.raises(SystemExit):
+        with tracking.stage_run("prepare", PARAMS, tmp_path / "params.yaml"):
+            pass
+    monkeypatch.setattr(tracking, "recorder", real)
+    # Its pid is this process's own (alive): only a reused pid can say so, as in a restarted container.
+    for stage in ("prepare", "train", "evaluate"):
+        with tracking.stage_run(stage, PARAMS, tmp_path / "params.yaml") as run:
+            run.log_metrics({f"{stage}.x": 1.0})
+    if store == "journal":
+        runs = journal.Reader(tmp_path / "journal").search_runs(["pbr"])
+    else:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(uri)
+        runs = client.search_runs([client.get_experiment_by_name("pbr").experiment_id])
+    assert [(r.info.status, r.data.params.get("seed"), sorted(r.data.metrics)) for r in runs] == [
+        ("FINISHED", "0", ["evaluate.x", "prepare.x", "train.x"])]
+    # A live process under a dead run's pid, but not the one that started: its start time says so.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert tracking.runs_still(sleeper.pid, tracking.process_start(sleeper.pid))
+        assert not tracking.runs_still(sleeper.pid, "1")  # started at another time: another process
+        assert tracking.runs_still(sleeper.pid)  # nothing recorded to compare (an older run): the pid says
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not tracking.runs_still(sleeper.pid)
 
 
 def test_the_part_of_a_split_run_the_report_counts_says_where_it_ran(finished, template, tmp_path, pbr_main):

@@ -203,14 +203,16 @@ def _search(client, exp_id: str, filter_string: str = "", order_by: list[str] | 
 def _cut_short(tags: dict) -> bool:
     """Whether a part copy was left by an import that stopped, not one another import is making now
     (two teammates importing into one server at once): its importer is dead on this machine, or it
-    is over an hour old; a copy from before imports named themselves counts as left."""
+    is over an hour old (on this machine too: a pid is reused); a copy from before imports named
+    themselves counts as left."""
     try:
         host, pid, since = tags[BY_TAG].rsplit(" ", 2)
         pid, since = int(pid), float(since)
     except (KeyError, ValueError):
         return True
-    if host == socket.gethostname() and pid != os.getpid():
-        return not tracking.pid_alive(pid)
+    # Over an hour old is left on this machine too: its importer's pid may be another process's now.
+    if host == socket.gethostname() and pid != os.getpid() and not tracking.pid_alive(pid):
+        return True
     return time.time() - since > ABANDONED_S
 
 

@@ -180,6 +180,25 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def process_start(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat's 22nd field), "" where
+    that cannot be read: with its pid it names one process, not whichever took the pid later."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        return text[text.rindex(")") + 2:].split()[19]
+    except (OSError, ValueError, IndexError):
+        return ""
+
+
+def runs_still(pid: int, start: str = "") -> bool:
+    """Whether the process a run names (its pid, and its start time where recorded) still runs. Not
+    this one, which runs no other stage: its pid was another's, reused (a restarted container)."""
+    if pid == os.getpid() or not pid_alive(pid):
+        return False
+    now = process_start(pid) if start else ""
+    return not now or now == start
+
+
 @contextlib.contextmanager
 def _creation_lock(uri: str) -> Iterator[None]:
     """Serialise opening a sqlite store: the first opening creates its tables, and two processes
@@ -414,7 +433,7 @@ def mark_killed(rec) -> list[str]:
     killed = []
     for run_id, tags in rec.running():
         pid = tags.get("pbr.pid")
-        if tags.get("pbr.host") == host and pid and pid.isdigit() and not pid_alive(int(pid)) \
+        if tags.get("pbr.host") == host and pid and pid.isdigit() and not runs_still(int(pid), tags.get("pbr.pid_start", "")) \
                 and rec.kill_if_running(run_id, pid):
             killed.append(run_id)
     return killed
@@ -483,7 +502,8 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
     key = pipeline_key(params_file, git["git.commit"])
     # Whenever the run is RUNNING it names this process, so that a kill at any instant leaves a run the
     # next stage marks KILLED, never one RUNNING for good.
-    me = {"pbr.pid": str(os.getpid()), "pbr.host": socket.gethostname(), "pbr.checkout": str(anchor())}
+    me = {"pbr.pid": str(os.getpid()), "pbr.pid_start": process_start(os.getpid()), "pbr.host": socket.gethostname(),
+          "pbr.checkout": str(anchor())}
     exp_name = os.environ.get("DVC_EXP_NAME", "")
     # The stages of one execution share its run: a stage joins the latest run of its settings and its
     # execution (DVC's experiment name) that no process runs, unless that has this stage or a later
@@ -511,7 +531,8 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
     found = rec.latest_ended("pbr.pipeline_key", key, ours)
     if found is not None and not _done_here_or_later(stage, found[1]):
         run_id, joined, was = found
-        rec.log(run_id, tags=me)
+        # A try killed between creating its run and logging its params (fresh) left a run without them.
+        rec.log(run_id, tags=me, params=flat_params if "pbr.stage" not in joined else None)
         rec.set_status(run_id, "RUNNING")
         r = StageRun(rec, run_id, joined, was, fresh)
         r.set_tags(stage_tags)
