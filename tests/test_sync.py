@@ -343,12 +343,8 @@ def test_plain_files_mark_a_dead_stage_killed_and_skip_a_torn_line(tmp_path, tem
     with open(folder / "pbr" / gone / journal.METRICS, "a") as f:
         f.write('{"key": "train.loss", "val')  # the kill came mid-line
     (tmp_path / "params.yaml").write_text("seed: 3\n")
-    try:
-        with tracking.stage_run("train", {"seed": 3}, tmp_path / "params.yaml") as run:
-            run.log_metrics({"train.loss": 0.5})
-    finally:
-        going.kill()
-        going.wait()
+    with tracking.stage_run("train", {"seed": 3}, tmp_path / "params.yaml") as run:
+        run.log_metrics({"train.loss": 0.5})
     reader = journal.Reader(folder)
     status = {r.info.run_name: r.info.status for r in reader.search_runs(["pbr"])}
     assert (status.pop("gone"), status.pop("alive"), list(status.values())) == ("KILLED", "RUNNING", ["FINISHED"])
@@ -363,10 +359,19 @@ def test_plain_files_mark_a_dead_stage_killed_and_skip_a_torn_line(tmp_path, tem
     rec.set_status(done, "FINISHED")
     assert {r.info.run_id: r.info.status for r in reader.search_runs(["pbr"])}[done] == "FINISHED"
     target = _store(template, tmp_path / "project")
-    out = sync.import_runs(str(folder), target, "pbr", log=lambda m: None)
+    try:
+        out = sync.import_runs(str(folder), target, "pbr", log=lambda m: None)
+    finally:
+        going.kill()
+        going.wait()
     assert (out.imported, out.skipped) == (2, 1)  # the live one is still running there
     copies = {r.info.run_name: r for r in _by_origin(target).values()}
     assert copies["gone"].info.status == "KILLED" and copies["gone"].data.metrics["train.loss"] == 1.0
+    # Its process dead since, and no stage recording there any more (the server back): the import
+    # marks it as a stage would have, and takes it (it said "still RUNNING" to every import).
+    out = sync.import_runs(str(folder), target, "pbr", log=lambda m: None)
+    assert (out.imported, out.skipped) == (1, 0)
+    assert {r.info.run_name: r.info.status for r in _by_origin(target).values()}["alive"] == "KILLED"
 
 
 def test_a_stray_or_broken_entry_stops_neither_a_stage_nor_an_import(plain, template, tmp_path, monkeypatch):

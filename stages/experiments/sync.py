@@ -189,6 +189,20 @@ def _open_source(src: Source, experiment: str):
     return client, exp
 
 
+def _close_dead_runs(src: Source, client, exp) -> None:
+    """A local SOURCE's runs left RUNNING by a dead process of this machine -> KILLED, as a stage
+    recording there would mark them: the server back, no stage records to the offline store again,
+    and its killed try stayed "still RUNNING" to every import. Best effort: a read-only copy stays."""
+    if not (src.uri.startswith("sqlite:///") or src.uri.startswith(journal.SCHEME)):
+        return  # a server: its stages mark their own
+    try:
+        rec = (journal.Recorder(src.folder, exp.name) if src.uri.startswith(journal.SCHEME)
+               else tracking._MlflowRecorder(client, exp.experiment_id, src.uri))
+        tracking.mark_killed(rec)
+    except Exception:  # noqa: BLE001 (reading goes on whatever the write does)
+        pass
+
+
 def _search(client, exp_id: str, filter_string: str = "", order_by: list[str] | None = None) -> list:
     found, token = [], None
     while True:
@@ -358,6 +372,7 @@ def _import(source: str, target_uri: str, experiment: str, with_artifacts: bool,
         if why is not None:
             raise UserError(f"{role} {uri} is unreachable ({why}): start the server, or check the address")
     src_client, exp = _open_source(src, experiment)
+    _close_dead_runs(src, src_client, exp)
     runs = _search(src_client, exp.experiment_id, order_by=["attributes.start_time ASC"])
     root = _local_path(exp.artifact_location)
     if with_artifacts and runs and root is not None and _moved(root, src.folder, root.name) is None:
