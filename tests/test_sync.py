@@ -185,6 +185,19 @@ def test_a_run_that_changed_in_the_source_replaces_its_copy(source, template, tm
     out = sync.import_runs(str(stale), target, "pbr", log=lambda m: None)
     assert (out.imported, out.replaced, out.present) == (0, 0, 2)
     assert _by_origin(target)[failed.info.run_id].info.end_time == failed.info.end_time + 1000
+    # A stage here went on in the copy (the server back mid-pipeline: evaluate joined it) and the
+    # source changed too: the copy was replaced, and evaluate's records went with it.
+    copy = _by_origin(target)[failed.info.run_id]
+    t = MlflowClient(tracking_uri=target)
+    t.update_run(copy.info.run_id, status="RUNNING")
+    t.log_batch(copy.info.run_id, metrics=[Metric("class_il.acc", 40.0, 2, 0)])
+    t.set_terminated(copy.info.run_id, "FINISHED", end_time=failed.info.end_time + 5000)
+    c.log_batch(failed.info.run_id, metrics=[Metric("train.loss", 1.25, 3, 2)])
+    c.set_terminated(failed.info.run_id, "FINISHED", end_time=failed.info.end_time + 9000)
+    lines = []
+    out = sync.import_runs(str(folder), target, "pbr", log=lines.append)
+    assert (out.imported, out.replaced) == (0, 0) and any(line.startswith("kept ") for line in lines)
+    assert _by_origin(target)[failed.info.run_id].data.metrics["class_il.acc"] == 40.0
 
 
 def test_an_import_cut_short_is_deleted_and_copied_again(source, template, tmp_path):

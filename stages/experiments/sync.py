@@ -235,6 +235,7 @@ class Copy:
     run_id: str
     version: str
     bare: bool  # made without the source's artifacts
+    carried_on: bool = False  # a stage here went on in it since it was copied (its status or end moved)
 
 
 def _copies(dst, exp_id: str, log: Callable[[str], None]) -> dict[str, Copy]:
@@ -258,7 +259,9 @@ def _one_copy(dst, runs: list, log: Callable[[str], None]) -> Copy:
         dst.delete_run(extra.info.run_id)
         log(f"deleted a second copy of {extra.info.run_name} (two imports at once copied it)")
     keep = runs[0]
-    return Copy(keep.info.run_id, keep.data.tags.get(VERSION_TAG, ""), keep.data.tags.get(BARE_TAG) == "true")
+    version = keep.data.tags.get(VERSION_TAG, "")
+    return Copy(keep.info.run_id, version, keep.data.tags.get(BARE_TAG) == "true",
+                bool(version) and version != f"{keep.info.status}:{keep.info.end_time}")
 
 
 def _copies_of(dst, exp_id: str, origin: str, log: Callable[[str], None]) -> tuple[Copy | None, bool]:
@@ -415,6 +418,13 @@ def _import(source: str, target_uri: str, experiment: str, with_artifacts: bool,
             now, making = _copies_of(dst, exp_id, origin, log)
             if making or (now is not None and now != old):
                 out.present += 1
+                continue
+            if old is not None and old.carried_on:
+                # A later stage here joined the copy (the server back mid-pipeline) and the source went
+                # on too: replacing the copy would delete what was recorded here.
+                log(f"kept {name} ({info.run_id}): it went on here since it was imported, and changed in the source "
+                    "too; the source's later records are not copied (import it into another experiment to see them)")
+                out.skipped += 1
                 continue
             if with_artifacts and files is None:
                 files = _artifacts(src_client, src, run, Path(tmp) / info.run_id)
