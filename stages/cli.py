@@ -415,7 +415,8 @@ def _store_unwritable(e: BaseException) -> str | None:
     """What sqlite said where the tracking store could not take a write (a full disk, a read-only
     file), else None: MLflow wraps it in an MlflowException (no mlflow import here)."""
     text = str(e).lower()
-    for said in ("database or disk is full", "attempt to write a readonly database", "disk i/o error"):
+    for said in ("database or disk is full", "attempt to write a readonly database", "disk i/o error",
+                 "database is locked"):
         if said in text and type(e).__name__ in ("MlflowException", "OperationalError"):
             return said
     return None
@@ -456,8 +457,11 @@ def _main() -> None:
         if why is None:
             raise
         store = os.environ.get("MLFLOW_TRACKING_URI") or "mlflow.db at the repository root"
-        print(f"error: the MLflow store ({store}) could not be written: {why}; free space on its disk (or make "
-              "it writable) and run the same command: what finished is kept, and it resumes", file=sys.stderr)
+        fix = ("other processes held its lock past sqlite's 20 s wait (many workers on one file, or a network file "
+               "system, whose locks sqlite cannot trust: give the team an MLflow server, docs/team.md)"
+               if why == "database is locked" else "free space on its disk (or make it writable)")
+        print(f"error: the MLflow store ({store}) could not be written: {why}; {fix}, and run the same command: what "
+              "finished is kept, and it resumes", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)

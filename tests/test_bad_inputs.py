@@ -838,3 +838,27 @@ def test_score_refuses_an_output_it_cannot_write_before_scoring(tmp_path, traine
     r = pbr(repo, "score")
     _one_line_error(r, in_the_way)
     assert "scored task" not in r.stdout and not (repo / "mlflow.db").exists()
+
+
+def test_a_store_locked_past_sqlites_wait_is_one_line(tmp_path, monkeypatch, capsys):
+    """Another process holding the sqlite store's lock past MLflow's 20 s wait (queue workers on a
+    network file system): a SQLAlchemy traceback. The error here is sqlite's own, from a real lock."""
+    import sqlite3
+
+    from stages import cli
+
+    db = tmp_path / "mlflow.db"
+    holder = sqlite3.connect(db)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(sqlite3.OperationalError) as caught:
+            sqlite3.connect(db, timeout=0).execute("CREATE TABLE runs (a)")
+    finally:
+        holder.rollback()
+    monkeypatch.setattr(cli, "app", lambda: (_ for _ in ()).throw(caught.value))
+    with pytest.raises(SystemExit) as code:
+        cli._main()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code.value.code == 2 and len(err) == 1
+    assert "could not be written: database is locked; other processes held its lock" in err[0]
+    assert "MLflow server, docs/team.md" in err[0] and "what finished is kept" in err[0]
