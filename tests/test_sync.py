@@ -310,8 +310,9 @@ def plain(tmp_path_factory):
 
 def _comparable(uri: str, run) -> tuple:
     """What a run records, less what differs between two recordings of it (ids, times, its origin, the
-    folder it ran in)."""
-    extra = {sync.ORIGIN_TAG, sync.VERSION_TAG, sync.SOURCE_TAG, sync.BARE_TAG, "pbr.checkout"}
+    folder it ran in, the process's start; the heartbeat, which MLflow stores only get)."""
+    extra = {sync.ORIGIN_TAG, sync.VERSION_TAG, sync.SOURCE_TAG, sync.BARE_TAG, "pbr.checkout", "pbr.pid_start",
+             "pbr.heartbeat"}
     history = {k: sorted((v, step) for v, _, step in h) for k, h in _history(uri, run).items()}
     return (run.info.run_name, run.info.status, run.data.params, {k: v for k, v in run.data.tags.items()
                                                                   if k not in extra}, history)
@@ -528,6 +529,35 @@ def test_a_run_killed_before_its_params_or_under_a_reused_pid_is_marked_and_join
         sleeper.kill()
         sleeper.wait()
     assert not tracking.runs_still(sleeper.pid)
+
+
+def test_a_run_of_another_machine_whose_heartbeat_stopped_is_marked_killed(tmp_path, monkeypatch, template):
+    """A stage killed outright on another machine (an OOM kill in a pod, a crashed node) left its run
+    RUNNING on the team's server for good: only its own host could see its pid was gone. A stage
+    beats while it runs; a beat older than STALE_S is a dead run's, whatever machine reads it."""
+    from mlflow import MlflowClient
+
+    uri = _store(template, tmp_path / "s")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("seed: 4\n")
+    monkeypatch.setattr(tracking, "HEARTBEAT_S", 0.05)
+    beats = []
+    with tracking.stage_run("train", PARAMS, tmp_path / "params.yaml") as run:
+        for _ in range(100):  # the beat comes from its own thread while the stage works
+            beats.append(MlflowClient(uri).get_run(run.run_id).data.tags.get("pbr.heartbeat"))
+            if beats[-1]:
+                break
+            time.sleep(0.05)
+    assert beats[-1] and abs(int(beats[-1]) - time.time()) < 30
+    c, exp_id = tracking.open_experiment(uri, "pbr")
+    now = time.time()
+    runs = {name: c.create_run(exp_id, tags={"pbr.host": "pod-7f3a", "pbr.pid": "12", **beat}).info.run_id
+            for name, beat in (("stale", {"pbr.heartbeat": str(int(now - tracking.STALE_S - 60))}),
+                               ("beating", {"pbr.heartbeat": str(int(now - 30))}), ("old version", {}))}
+    tracking.close_dead_runs(uri, exp_id)
+    assert {name: c.get_run(rid).info.status for name, rid in runs.items()} == {
+        "stale": "KILLED", "beating": "RUNNING", "old version": "RUNNING"}
 
 
 def test_the_part_of_a_split_run_the_report_counts_says_where_it_ran(finished, template, tmp_path, pbr_main):

@@ -427,16 +427,58 @@ def init_store() -> str:
     return recording_uri()
 
 
+# A stage recording to MLflow sets `pbr.heartbeat` (its clock, s) every HEARTBEAT_S while its run is
+# RUNNING: a run of another machine (a pod, a node that crashed, a SLURM job killed outright) whose
+# beat is older than STALE_S has no process behind it, though no stage there is left to say so.
+HEARTBEAT_S = 60.0
+STALE_S = 15 * 60.0
+
+
+def _dead(tags: dict, host: str, now: float) -> bool:
+    pid = tags.get("pbr.pid")
+    if not pid or not pid.isdigit():
+        return False
+    if tags.get("pbr.host") == host:
+        return not runs_still(int(pid), tags.get("pbr.pid_start", ""))
+    beat = tags.get("pbr.heartbeat", "")
+    return beat.isdigit() and now - int(beat) > STALE_S
+
+
 def mark_killed(rec) -> list[str]:
-    """Runs left RUNNING by a process of this host that no longer exists -> KILLED."""
-    host = socket.gethostname()
+    """Runs left RUNNING by a process that no longer exists -> KILLED: this host's by their pid, any
+    host's by a heartbeat gone stale."""
+    host, now = socket.gethostname(), time.time()
     killed = []
     for run_id, tags in rec.running():
-        pid = tags.get("pbr.pid")
-        if tags.get("pbr.host") == host and pid and pid.isdigit() and not runs_still(int(pid), tags.get("pbr.pid_start", "")) \
-                and rec.kill_if_running(run_id, pid):
+        if _dead(tags, host, now) and rec.kill_if_running(run_id, tags["pbr.pid"]):
             killed.append(run_id)
     return killed
+
+
+@contextlib.contextmanager
+def heartbeat(rec, run: StageRun) -> Iterator[None]:
+    """`pbr.heartbeat` on the stage's run (the one it records to now: training that starts over moves
+    to a new one) every HEARTBEAT_S, in a daemon thread, while the stage runs. MLflow stores only:
+    the journal's tag file is rewritten whole, and a second writer would lose the stage's tags."""
+    if not isinstance(rec, _MlflowRecorder):
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a server away for a moment: the next beat says it
+                rec.log(run.run_id, tags={"pbr.heartbeat": str(int(time.time()))})
+            if stop.wait(HEARTBEAT_S):
+                return
+
+    thread = threading.Thread(target=beat, name="pbr-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 def close_dead_runs(uri: str, exp_id: str) -> None:
@@ -539,7 +581,8 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
     else:
         r = StageRun(rec, fresh())
     try:
-        yield r
+        with heartbeat(rec, r):
+            yield r
     except BaseException as e:
         _server_gone(rec, stage, e)
         # Ctrl-C (or an offline sweep stopping its runs): killed, as a dead process's run is marked.
