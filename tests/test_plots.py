@@ -73,3 +73,18 @@ def test_a_histogram_with_nothing_to_draw_says_so(drawn, tmp_path):
     (fig,) = drawn
     assert fig.axes[0].get_legend() is None
     assert [t.get_text() for t in fig.axes[0].texts] == ["no samples in forgotten or kept"]
+
+
+def test_a_scatter_with_no_finite_value_says_so(drawn, tmp_path):
+    """PNN has no MC-dropout score: both MI series all NaN, and the log axis over no point failed to
+    draw (a ValueError that stopped the score stage)."""
+    nan = math.nan
+    plots.scatter([10, 100], {"own": [nan, nan], "final": [nan, nan]}, "count", "MI", "t", tmp_path / "s.png")
+    plots.scatter([10, 100], {"own": [nan, nan], "final": [0.1, 0.2]}, "count", "MI", "t", tmp_path / "t.png")
+    none, one = drawn
+    assert [t.get_text() for t in none.axes[0].texts] == ["no finite values to draw"]
+    assert len(one.axes[0].collections) == 1 and one.axes[0].get_xscale() == "log"
+    import io
+
+    for fig in drawn:  # drawing is where the log axis failed
+        fig.savefig(io.BytesIO(), format="png")

@@ -99,13 +99,20 @@ def bars_by_task(values: list[list[float]], ylabel: str, title: str, path: Path)
 
 
 def scatter(x, ys: dict[str, list[float]], xlabel: str, ylabel: str, title: str, path: Path, logx: bool = True) -> None:
-    """One point series per entry of `ys` over the same x, each with its legend label."""
+    """One point series per entry of `ys` over the same x, each with its legend label; a series with
+    no finite value (a method without an MC-dropout score) is left out, and with none left the
+    figure says so (a log axis over no point cannot be drawn)."""
+    import math
+
     plt, (fig, ax) = _figure(figsize=(6, 4))
-    for label, y in ys.items():
+    drawn = {label: y for label, y in ys.items() if any(math.isfinite(v) for v in y)}
+    for label, y in drawn.items():
         ax.scatter(x, y, s=18, label=label)
-    if len(ys) > 1:
+    if len(drawn) > 1:
         ax.legend(fontsize=7)
-    if logx:
+    if not drawn:
+        ax.text(0.5, 0.5, "no finite values to draw", ha="center", va="center", transform=ax.transAxes)
+    elif logx:
         ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
