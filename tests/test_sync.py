@@ -694,6 +694,39 @@ class _Refuses(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _GuardsItsHostHeader(_Refuses):
+    """What MLflow 3.17's server answers a Host it does not allow (seen from a real one started with
+    --allowed-hosts naming another host): 403 with this body, to every API request."""
+    def do_GET(self):
+        body = b"Invalid Host header - possible DNS rebinding attack detected"
+        self.send_response(403)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_GET
+
+
+def test_a_server_that_refuses_the_name_it_was_reached_by_says_so(tmp_path, monkeypatch, fresh_process):
+    """A teammate reaching the server by its hostname, which the documented command did not allow:
+    told their account was refused (on a server without accounts), they chased the wrong fix."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "bob")
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _GuardsItsHostHeader)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        with pytest.raises(UserError) as e:
+            tracking.init_store()
+    finally:
+        httpd.shutdown()
+    netloc = uri.removeprefix("http://")
+    assert str(e.value).endswith(f"refused the name it was reached by ({netloc}): start it with --allowed-hosts {netloc} "
+                                 "(docs/team.md)")
+    assert "bob" not in str(e.value)
+
+
 def test_a_server_that_refuses_credentials_stays_an_error(tmp_path, monkeypatch, fresh_process):
     monkeypatch.chdir(tmp_path)
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuses)

@@ -218,6 +218,11 @@ def _creation_lock(uri: str) -> Iterator[None]:
 def store_error(uri: str, e: Exception, fix: str) -> str:
     """One line for a store that cannot be opened; a server that refused us says what to set."""
     msg = " ".join(str(e).split())[:160]
+    if "invalid host header" in str(e).lower():  # MLflow 3's guard against DNS rebinding, not an account
+        from urllib.parse import urlsplit
+
+        return (f"MLflow server {uri} refused the name it was reached by ({urlsplit(uri).netloc}): start it with "
+                f"--allowed-hosts {urlsplit(uri).netloc} (docs/team.md)")
     if "401" in msg or "unauthorized" in msg.lower() or "403" in msg or "permission" in msg.lower():
         # The server's own words (an HTML page, a cut-off link) say less than who was refused.
         user = os.environ.get("MLFLOW_TRACKING_USERNAME")
@@ -430,8 +435,8 @@ def init_store() -> str:
 # A stage recording to MLflow sets `pbr.heartbeat` (its clock, s) every HEARTBEAT_S while its run is
 # RUNNING: a run of another machine (a pod, a node that crashed, a SLURM job killed outright) whose
 # beat is older than STALE_S has no process behind it, though no stage there is left to say so.
-HEARTBEAT_S = 60.0
-STALE_S = 15 * 60.0
+HEARTBEAT_S = 120.0
+STALE_S = 20 * 60.0
 
 
 def _dead(tags: dict, host: str, now: float) -> bool:
