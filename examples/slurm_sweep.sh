@@ -69,5 +69,15 @@ echo "pushing ${#done_names[@]} experiments: ${done_names[*]}"
 if [ "${#done_names[@]}" -gt 0 ]; then
   dvc exp push --force origin "${done_names[@]}"
 fi
+# Runs recorded while the server was unreachable from this node are in $WORK/mlflow-offline/ (on a
+# scratch disk that may be purged): copied to the server now, or the job fails saying where they are.
+if [ -e "$WORK/mlflow-offline" ]; then
+  if pbr import mlflow-offline; then
+    echo "imported the runs recorded while the MLflow server was unreachable (mlflow-offline/)"
+  else
+    echo "runs recorded offline are in $WORK/mlflow-offline: run \`pbr import $WORK/mlflow-offline\` where the server is reachable" >&2
+    failed=$((failed + 1))
+  fi
+fi
 echo "shard $K/$N of $GRID: done, $failed failed or unfinished (dvc queue logs NAME shows why)"
 [ "$failed" -eq 0 ]

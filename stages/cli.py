@@ -236,7 +236,7 @@ def sweep(
     # The store is created once, before parallel workers open it.
     queued, skipped = stage.queue(runs, log=lambda m: typer.echo(m, err=True), before=tracking.init_store)
     typer.echo(f"{name}: {queued} run{'s' * (queued != 1)} queued, {skipped} already finished or queued; MLflow store "
-               f"{tracking.tracking_uri()}", err=True)
+               f"{tracking.recording_uri()}", err=True)
     if jobs > 0:
         import subprocess
         import time
