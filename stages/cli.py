@@ -372,6 +372,9 @@ def main() -> None:
     # default action: `nohup` keeps SIGHUP ignored.
     saved = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGTERM, signal.SIGHUP)
              if signal.getsignal(sig) == signal.SIG_DFL}
+    # MLflow's client prints "View run ... at" for each run a stage (or `pbr report`, closing a dead
+    # one) ends on a server: read as if the report had logged something. `pbr ui` prints the link.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     try:
         _main()
     finally:
