@@ -198,7 +198,7 @@ def _close_dead_runs(src: Source, client, exp) -> None:
     try:
         rec = (journal.Recorder(src.folder, exp.name) if src.uri.startswith(journal.SCHEME)
                else tracking._MlflowRecorder(client, exp.experiment_id, src.uri))
-        tracking.mark_killed(rec)
+        tracking.mark_killed(rec, heartbeats=False)  # a copied folder's beats stopped when it was copied
     except Exception:  # noqa: BLE001 (reading goes on whatever the write does)
         pass
 

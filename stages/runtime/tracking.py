@@ -221,8 +221,9 @@ def store_error(uri: str, e: Exception, fix: str) -> str:
     if "invalid host header" in str(e).lower():  # MLflow 3's guard against DNS rebinding, not an account
         from urllib.parse import urlsplit
 
-        return (f"MLflow server {uri} refused the name it was reached by ({urlsplit(uri).netloc}): start it with "
-                f"--allowed-hosts {urlsplit(uri).netloc} (docs/team.md)")
+        return (f"MLflow server {uri} refused the name it was reached by ({urlsplit(uri).netloc}): add it to the "
+                "server's --allowed-hosts (a comma-separated list that replaces the default localhost and private "
+                "addresses: keep localhost:PORT there for local clients; docs/team.md)")
     if "401" in msg or "unauthorized" in msg.lower() or "403" in msg or "permission" in msg.lower():
         # The server's own words (an HTML page, a cut-off link) say less than who was refused.
         user = os.environ.get("MLFLOW_TRACKING_USERNAME")
@@ -439,23 +440,24 @@ HEARTBEAT_S = 120.0
 STALE_S = 20 * 60.0
 
 
-def _dead(tags: dict, host: str, now: float) -> bool:
+def _dead(tags: dict, host: str, now: float, heartbeats: bool) -> bool:
     pid = tags.get("pbr.pid")
     if not pid or not pid.isdigit():
         return False
     if tags.get("pbr.host") == host:
         return not runs_still(int(pid), tags.get("pbr.pid_start", ""))
     beat = tags.get("pbr.heartbeat", "")
-    return beat.isdigit() and now - int(beat) > STALE_S
+    return heartbeats and beat.isdigit() and now - int(beat) > STALE_S
 
 
-def mark_killed(rec) -> list[str]:
+def mark_killed(rec, heartbeats: bool = True) -> list[str]:
     """Runs left RUNNING by a process that no longer exists -> KILLED: this host's by their pid, any
-    host's by a heartbeat gone stale."""
+    host's by a heartbeat gone stale (`heartbeats`: a store its stages record to, not a copy of one,
+    whose beats stopped when it was copied)."""
     host, now = socket.gethostname(), time.time()
     killed = []
     for run_id, tags in rec.running():
-        if _dead(tags, host, now) and rec.kill_if_running(run_id, tags["pbr.pid"]):
+        if _dead(tags, host, now, heartbeats) and rec.kill_if_running(run_id, tags["pbr.pid"]):
             killed.append(run_id)
     return killed
 
@@ -549,8 +551,9 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
     key = pipeline_key(params_file, git["git.commit"])
     # Whenever the run is RUNNING it names this process, so that a kill at any instant leaves a run the
     # next stage marks KILLED, never one RUNNING for good.
+    # The beat too: a joined run's last one is its killed try's, stale, until the thread's first.
     me = {"pbr.pid": str(os.getpid()), "pbr.pid_start": process_start(os.getpid()), "pbr.host": socket.gethostname(),
-          "pbr.checkout": str(anchor())}
+          "pbr.checkout": str(anchor()), "pbr.heartbeat": str(int(time.time()))}
     exp_name = os.environ.get("DVC_EXP_NAME", "")
     # The stages of one execution share its run: a stage joins the latest run of its settings and its
     # execution (DVC's experiment name) that no process runs, unless that has this stage or a later
