@@ -72,6 +72,19 @@ def test_every_method_learns_and_keeps_its_buffer_within_capacity():
             assert method.buffer is None
 
 
+def test_a_method_an_online_memory_feeds_reads_method_reservoir():
+    """--budget proxy sets method.reservoir: first_epoch (each sample offered once a task, the validated
+    stand-in); a method whose memory takes offered batches but does not declare the key ignored it
+    without a word, and its proxy runs were not the proxy's (the docs' own example did so)."""
+    from pbr.memory.base import Memory
+    from pbr.methods import METHODS
+    from pbr.methods.base import RESERVOIR
+
+    online = [cls for cls in METHODS.values() if cls.memory is not None and cls.memory.offer is not Memory.offer]
+    assert {cls.name for cls in online} >= {"er", "der", "derpp", "gss", "prs", "cbrs"}  # the rule sees them
+    assert [cls.name for cls in online if RESERVOIR not in cls.settings] == []
+
+
 def test_reservoir_methods_store_raw_stream_images():
     method, ctx = _setup("der")
     seen = _run_tasks(method, ctx)
