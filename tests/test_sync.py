@@ -580,6 +580,13 @@ def test_a_run_of_another_machine_whose_heartbeat_stopped_is_marked_killed(tmp_p
     with tracking.stage_run("train", PARAMS, tmp_path / "params.yaml") as run:
         assert run.run_id == first.run_id
         assert int(c.get_run(run.run_id).data.tags["pbr.heartbeat"]) >= int(now)
+    # Plain files get no beat at all: one set at the start would go stale while the stage runs, and a
+    # stage of another machine sharing the folder (an offline sweep's) would mark it KILLED.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", journal.uri(tmp_path / "journal"))
+    with tracking.stage_run("train", PARAMS, tmp_path / "params.yaml") as run:
+        pass
+    (plain,) = journal.Reader(tmp_path / "journal").search_runs(["pbr"])
+    assert "pbr.heartbeat" not in plain.data.tags
 
 
 def test_the_part_of_a_split_run_the_report_counts_says_where_it_ran(finished, template, tmp_path, pbr_main):

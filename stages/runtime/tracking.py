@@ -551,9 +551,11 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
     key = pipeline_key(params_file, git["git.commit"])
     # Whenever the run is RUNNING it names this process, so that a kill at any instant leaves a run the
     # next stage marks KILLED, never one RUNNING for good.
-    # The beat too: a joined run's last one is its killed try's, stale, until the thread's first.
     me = {"pbr.pid": str(os.getpid()), "pbr.pid_start": process_start(os.getpid()), "pbr.host": socket.gethostname(),
-          "pbr.checkout": str(anchor()), "pbr.heartbeat": str(int(time.time()))}
+          "pbr.checkout": str(anchor())}
+    if isinstance(rec, _MlflowRecorder):  # where the stage beats (heartbeat): not in plain files, whose first
+        # beat would go stale while the stage runs; a joined run's last beat is its killed try's until the thread's
+        me["pbr.heartbeat"] = str(int(time.time()))
     exp_name = os.environ.get("DVC_EXP_NAME", "")
     # The stages of one execution share its run: a stage joins the latest run of its settings and its
     # execution (DVC's experiment name) that no process runs, unless that has this stage or a later
