@@ -321,13 +321,15 @@ def rates(res: dict, runs_at_once: int, epochs: int) -> None:
 
 
 def merge_refusal(earlier: dict, now: dict) -> str | None:
-    """Why an earlier call's runs cannot sit beside this call's (another GPU model, budget or data),
-    or None; a key the earlier record lacks (an older version's, or not known yet) is not compared."""
+    """Why an earlier call's runs cannot sit beside this call's (another GPU model, budget, data or
+    --set, a number format among them: a bf16 run replaced an fp32 one of its name, and was labelled
+    with the other's settings), or None; a key the earlier record lacks (an older version's, or not
+    known yet) is not compared."""
     for key, what in (("device", "device"), ("gpu", "GPU model"), ("width", "width"), ("epochs", "epochs a task"),
-                      ("data", "data (the prepared manifest's hash)")):
+                      ("data", "data (the prepared manifest's hash)"), ("set", "--set")):
         if key in earlier and key in now and earlier[key] != now[key]:
             return (f"its runs had {what} {earlier[key]}, this call's {now[key]}: compare runs of one GPU model, "
-                    "budget and data only")
+                    "budget, data and settings only (formats side by side: a call each, never merged)")
     return None
 
 

@@ -270,8 +270,9 @@ def test_a_merge_adds_a_phases_runs_and_refuses_other_budgets_or_data(tmp_path):
     meta = {"device": "cuda", "gpu": "NVIDIA H200", "width": 64, "epochs": 50, "data": "ab" * 32}
     assert bench.merge_refusal(meta, dict(meta)) is None
     assert bench.merge_refusal({k: v for k, v in meta.items() if k != "data"}, meta) is None  # an older record
-    for key, other in (("epochs", 10), ("data", "cd" * 32), ("gpu", "NVIDIA H100 80GB HBM3"), ("width", 32)):
-        assert f"{other}" in bench.merge_refusal(meta, {**meta, key: other})
+    for key, other in (("epochs", 10), ("data", "cd" * 32), ("gpu", "NVIDIA H100 80GB HBM3"), ("width", 32),
+                       ("set", ["train.precision=bf16"])):  # a bf16 call's runs pooled with fp32 ones
+        assert f"{other}" in bench.merge_refusal({**meta, "set": []}, {**meta, "set": [], key: other})
     result = {"meta": meta, "phases": {
         "mps": {"runs": {"fid-pbr-s2": {"class_il": 48.0}}, "earlier_runs": {
             "fid-pbr-s0": {"class_il": 50.0}, "fid-pbr-s1": {"class_il": 52.0}}, "runs_at_once": 1, "mps": True},
