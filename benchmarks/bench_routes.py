@@ -575,6 +575,12 @@ def main() -> None:
     if a.child:
         return child(a)
     exit_on_sigterm()  # the MPS daemon it started quits
+    # Every list of counts read now: a typo found after the baseline (or the MPS daemon's start) costs
+    # the device time spent before it.
+    for flag in ("lanes", "processes", "mps_processes"):
+        text = getattr(a, flag)
+        if not all(k.strip().isdigit() and int(k) > 0 for k in text.split(",")):
+            sys.exit(f"--{flag.replace('_', '-')} {text}: give positive whole numbers, comma separated (e.g. 1,2,4)")
     a.lanes = [int(k) for k in a.lanes.split(",")]
     if a.quick:
         a.lanes = [n for n in a.lanes if n <= 4] or [1, 2]

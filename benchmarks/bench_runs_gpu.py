@@ -119,8 +119,12 @@ def carried(source: Path, dest: Path) -> dict:
     if source.is_dir():
         dest.symlink_to(source.resolve())
     else:
-        with tarfile.open(source, "r:xz") as tar:  # the "data" filter where this Python has it (3.11.4+)
-            tar.extractall(dest.parent.parent, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        try:
+            with tarfile.open(source, "r:*") as tar:  # the "data" filter where this Python has it (3.11.4+)
+                tar.extractall(dest.parent.parent, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        except (tarfile.TarError, OSError) as e:
+            raise SystemExit(f"--prepared {source}: not a tar archive of data/prepared ({type(e).__name__}: {e}); pack "
+                             "it with `tar -cJf gpu-carry/prepared.tar.xz data/prepared`") from None
     manifest = dest / "manifest.json"
     if not manifest.is_file():
         raise SystemExit(f"--prepared {source}: no data/prepared/manifest.json in it (pack it with "
@@ -462,8 +466,26 @@ def main() -> None:
     if unknown:  # before torch's import and the data: a typo costs no device time
         raise SystemExit(f"--phases: {', '.join(unknown)} unknown; give a comma list of {', '.join(PHASES)}")
     rows = a.rows.split(",")
-    seeds = parse_seeds(a.seeds) if a.seeds else list(range(max(a.mps_runs, a.off_runs) // len(rows) + 1))
+    from pbr.errors import UserError
+
+    try:
+        seeds = parse_seeds(a.seeds) if a.seeds else list(range(max(a.mps_runs, a.off_runs) // len(rows) + 1))
+    except UserError as e:
+        raise SystemExit(str(e)) from None
     over = settings(a.set, a.rows, seeds)  # before anything is prepared: a bad --set costs no device time
+    # The files it reads, before the output folder is made: a missing one left an empty --out behind.
+    for flag, path in (("--prepared", a.prepared), ("--merge", a.merge)):
+        if path is not None and not Path(path).exists():
+            raise SystemExit(f"{flag} {path}: no such file or folder")
+    earlier = None
+    if a.merge:
+        try:
+            earlier = json.loads(Path(a.merge).read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--merge {a.merge}: not a runs_gpu.json this script wrote ({type(e).__name__})") from None
+        if not (isinstance(earlier, dict) and isinstance(earlier.get("meta"), dict)
+                and isinstance(earlier.get("phases"), dict)):
+            raise SystemExit(f"--merge {a.merge}: not a runs_gpu.json this script wrote (no meta and phases)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     from stages.runtime import journal
@@ -480,8 +502,7 @@ def main() -> None:
         result["meta"]["gpu"] = torch.cuda.get_device_name(0)
         result["meta"]["torch"] = torch.__version__
     earlier_runs: dict[str, dict] = {}
-    if a.merge:
-        earlier = json.loads(a.merge.read_text())
+    if earlier is not None:
         differ = merge_refusal(earlier["meta"], result["meta"])
         if differ:
             raise SystemExit(f"--merge {a.merge}: {differ}")

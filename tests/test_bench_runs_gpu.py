@@ -292,3 +292,32 @@ def test_an_unknown_phase_stops_the_call_before_anything_is_prepared(tmp_path):
                         "mps_graphs", "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "--phases: mps_graphs unknown" in r.stderr, r.stderr[-1500:]
     assert not (tmp_path / "out").exists() and time.time() - t < 60
+
+
+def test_bench_routes_reads_its_lists_of_counts_before_it_measures(tmp_path):
+    """A typo in --processes (or --mps-processes) came out as a traceback once its route was reached:
+    after the baseline, for MPS after its daemon started, the device time before it spent."""
+    import sys
+
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_routes.py"), "--device", "cpu", "--width", "4",
+                        "--routes", "baseline,processes", "--processes", "1,x", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+        "--processes 1,x: give positive whole numbers, comma separated (e.g. 1,2,4)"), r.stderr[-1500:]
+    assert "baseline" not in r.stdout and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--seeds", "x"], "--seeds x: give N"),
+    (["--prepared", "missing.tar.xz"], "--prepared missing.tar.xz: no such file or folder"),
+    (["--merge", "missing.json"], "--merge missing.json: no such file or folder"),
+    (["--merge", "params.yaml"], "--merge params.yaml: not a runs_gpu.json this script wrote")])
+def test_bench_runs_gpu_says_a_bad_input_in_one_line_and_makes_no_folder(tmp_path, args, said):
+    import shutil
+    import sys
+
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_runs_gpu.py"), "--device", "cpu", *args,
+                        "--out", "out"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(said), r.stderr[-1500:]
+    assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
