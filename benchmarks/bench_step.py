@@ -10,6 +10,7 @@ Targets: sgd (cosine head) >= 0.9x bare; a pbr step <= 2.2x an sgd step.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,14 @@ def main() -> None:
     a = ap.parse_args()
     first = None
     variants = a.variants.split(",")
+    # Checked before anything is timed: an unknown variant ran as fp32 eager under its own name.
+    for v in variants:
+        base, *extras = v.split("+")
+        if base not in ("fp32", "bf16") or set(extras) - {"cl", "compile", "graphs"}:
+            sys.exit(f"--variants: {v} unknown; fp32 or bf16, each optionally with +cl, +compile or +graphs")
+    unknown = [m for m in a.methods.split(",") if m not in METHODS]
+    if unknown:
+        sys.exit(f"--methods: {', '.join(unknown)} unknown; choose from {', '.join(METHODS)}")
     for variant in variants:
         # Every ratio "x bare [V]" is against the bare step of the first variant V, measured in this run.
         first = run_variant(a, variant, first, variants[0])
@@ -63,6 +72,8 @@ def run_variant(a, variant: str, first: float | None, first_name: str = "fp32") 
     def bare_steps():
         for s in range(a.steps):
             opt.zero_grad(set_to_none=True)
+            if "+graphs" in variant:
+                torch.compiler.cudagraph_mark_step_begin()
             with ac():
                 loss = F.cross_entropy(bare(x_ready), labels[: a.batch])
             loss.backward()
@@ -85,6 +96,7 @@ def run_variant(a, variant: str, first: float | None, first_name: str = "fp32") 
                       lambda x, gen: aug(x, gen).contiguous(memory_format=fmt),
                       lambda x: normalize(x, MEAN, STD).contiguous(memory_format=fmt), g, replay_batch_size=a.batch)
         m = create(name, net, ctx, buffer_size=200, lr=0.03)
+        ctx.cuda_graphs = "+graphs" in variant  # as train.compile: graphs sets it (the teacher's copy runs eager)
         # Put the method in its steady state: a filled buffer (and pbr's teacher) from a first task.
         m.begin_task(0, raw, labels)
         if cls.uses_buffer:
@@ -97,6 +109,8 @@ def run_variant(a, variant: str, first: float | None, first_name: str = "fp32") 
         def steps():
             for s in range(a.steps):
                 r = raw[s * a.batch:(s + 1) * a.batch]
+                if ctx.cuda_graphs:  # each step a new graph replay, as pbr/loop.py's training loop marks it
+                    torch.compiler.cudagraph_mark_step_begin()
                 with ac():
                     m.observe(ctx.augment(r, g), labels[s * a.batch:(s + 1) * a.batch] + 2, r)
             if dev.type == "cuda":
