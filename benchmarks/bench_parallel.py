@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--method", default="er")
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--device", default=None, help="cuda where one is present, else cpu")
     ap.add_argument("--seconds", type=float, default=6)
     ap.add_argument("--warmup", type=float, default=60, help="seconds at most the processes get to start and warm "
                     "up; the window starts as soon as all have")
@@ -100,6 +100,10 @@ def main() -> None:
     ap.add_argument("--channels-last", action="store_true", help="as train.channels_last: true")
     ap.add_argument("--start-folder", default=None, help=argparse.SUPPRESS)  # a child process
     a = ap.parse_args()
+    if a.device is None:
+        import torch
+
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
     if a.start_folder is not None:
         return child(a)
     print(f"# {a.method} step, width {a.width}, batch {a.batch} (+{a.batch} replay), {a.device}, one thread a process"
@@ -116,9 +120,16 @@ def main() -> None:
                    "--device", a.device, "--seconds", str(a.seconds), "--compile", a.compile, "--warmup",
                    str(a.warmup), "--start-folder", folder, "--precision", a.precision] + \
                   (["--channels-last"] if a.channels_last else [])
-            procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(n)]
+            # stderr to a file each, read only for a process that failed (a pipe left unread could fill).
+            errs = [Path(folder) / f"stderr-{i}" for i in range(n)]
+            procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(e, "w"), text=True, env=env) for e in errs]
             start_together(Path(folder), procs, a.warmup)
-            rates = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+            outs = [p.communicate()[0] for p in procs]
+            for p, out, e in zip(procs, outs, errs):
+                if p.returncode or not out.strip():  # one line of why, not an IndexError on its missing output
+                    sys.exit(f"{n} process(es): one ended with exit status {p.returncode}: "
+                             f"{(e.read_text().strip().splitlines() or ['no output'])[-1]}")
+            rates = [json.loads(out.strip().splitlines()[-1]) for out in outs]
         total = sum(r["img_s"] for r in rates)
         base = base or total
         late = sum(r["late"] for r in rates)

@@ -7,6 +7,7 @@ shards against unpickling the raw batches.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pickle
 import statistics
@@ -26,20 +27,24 @@ def main() -> None:
     ap.add_argument("--root", default=os.environ.get("PBR_DATA_DIR") or str(ROOT / "data" / "raw"))
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
-    archive = Path(a.root) / "cifar-10-python.tar.gz"
+    root = Path(a.root).resolve()  # the stage runs in a temporary folder: a relative path would point nowhere
+    archive = root / "cifar-10-python.tar.gz"
     if not archive.is_file():
-        sys.exit(f"skipped: {archive} not found")
+        sys.exit(f"skipped: {archive} not found (give --root or PBR_DATA_DIR)")
     print(f"# prepare on {archive}, {machine()}")
     with tempfile.TemporaryDirectory() as tmp:
+        # JSON is YAML, and quotes the path whatever it holds (a comma, a colon).
         (Path(tmp) / "params.yaml").write_text(
-            f"data: {{dataset: cifar10, root: {a.root}, download: false}}\n")
+            json.dumps({"data": {"dataset": "cifar10", "root": str(root), "download": False}}) + "\n")
         code = ("import resource, time, sys; sys.path.insert(0, %r); from stages.runtime.config import load_config;"
                 "from stages.pipeline import prepare; t = time.perf_counter(); prepare.run(load_config('params.yaml'), "
                 "log=lambda *a: None); print(time.perf_counter() - t, "
                 "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)") % str(ROOT)
         times, peaks = [], []
         for _ in range(a.repeats):
-            out = subprocess.run([sys.executable, "-c", code], cwd=tmp, capture_output=True, text=True, check=True)
+            out = subprocess.run([sys.executable, "-c", code], cwd=tmp, capture_output=True, text=True)
+            if out.returncode:
+                sys.exit(f"prepare failed: {(out.stderr.strip().splitlines() or ['no output'])[-1]}")
             secs, peak = out.stdout.split()
             times.append(float(secs))
             peaks.append(int(peak))

@@ -27,12 +27,26 @@ def row(name: str, value: float, base: float | None = None, unit: str = "img/s")
     return f"{name:<44} {value:10.1f} {unit}{ratio}"
 
 
-def machine() -> str:
+def cpu_name() -> str:
+    """The CPU's model and its bf16 units (the flags docs/benchmarks.md tells the machines apart by):
+    platform.processor() says only x86_64 on Linux."""
     import platform
 
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = dict(line.split(":", 1) for line in text.splitlines()[:40] if ":" in line)
+    model = " ".join(fields.get("model name\t", fields.get("model name", platform.machine())).split())
+    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+    bf16 = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
+    return f"{model} ({', '.join(bf16) if bf16 else 'no bf16 units' + (', AVX2' if 'avx2' in flags else '')})"
+
+
+def machine() -> str:
     import torch
 
-    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or platform.machine()
+    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else cpu_name()
     return f"{dev}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 

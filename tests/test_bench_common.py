@@ -10,6 +10,7 @@ import time
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import common  # noqa: E402
 from common import start_together  # noqa: E402
 
 
@@ -37,3 +38,16 @@ def test_a_process_not_ready_within_the_cap_starts_late(tmp_path):
     (s0, t0), (s1, t1) = (json.loads(p.communicate(timeout=60)[0]) for p in procs)
     assert s0 == s1 == start and start <= t0 < start + 0.5
     assert t1 > start + 0.5  # what bench_parallel's and bench_routes' children report as "late"
+
+
+def test_the_machine_line_names_the_cpus_bf16_units():
+    """The figures are told apart by machine (A: AVX2 only; B, C: bf16 units): the line said only
+    x86_64 on Linux."""
+    import re
+
+    from stages.runtime.hardware import cpu_flags
+
+    name = common.cpu_name()
+    have = [f for f in ("amx_bf16", "avx512_bf16") if f in cpu_flags()]
+    assert (", ".join(have) in name) if have else ("no bf16 units" in name)
+    assert not re.fullmatch(r"x86_64|aarch64", name)
