@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ready_then_wait, row, start_together
+from common import machine, ready_then_wait, row, start_together
 
 
 def child(a) -> None:
@@ -106,7 +106,7 @@ def main() -> None:
         a.device = "cuda" if torch.cuda.is_available() else "cpu"
     if a.start_folder is not None:
         return child(a)
-    print(f"# {a.method} step, width {a.width}, batch {a.batch} (+{a.batch} replay), {a.device}, one thread a process"
+    print(f"# {a.method} step, width {a.width}, batch {a.batch} (+{a.batch} replay), {a.device} ({machine()}), one thread a process"
           + ("" if a.compile == "none" else f", network compiled ({a.compile})")
           + f", {a.precision}" + (", channels_last" if a.channels_last else ""))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -46,6 +46,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -122,9 +123,10 @@ def carried(source: Path, dest: Path) -> dict:
         try:
             with tarfile.open(source, "r:*") as tar:  # the "data" filter where this Python has it (3.11.4+)
                 tar.extractall(dest.parent.parent, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-        except (tarfile.TarError, OSError) as e:
-            raise SystemExit(f"--prepared {source}: not a tar archive of data/prepared ({type(e).__name__}: {e}); pack "
-                             "it with `tar -cJf gpu-carry/prepared.tar.xz data/prepared`") from None
+        except Exception as e:  # noqa: BLE001 (a cut-short archive: EOFError, LZMAError, zlib.error, TarError)
+            raise SystemExit(f"--prepared {source}: cannot be unpacked ({type(e).__name__}: "
+                             f"{(str(e).splitlines() or [''])[0]}); copy it again, or pack it with "
+                             "`tar -cJf gpu-carry/prepared.tar.xz data/prepared`") from None
     manifest = dest / "manifest.json"
     if not manifest.is_file():
         raise SystemExit(f"--prepared {source}: no data/prepared/manifest.json in it (pack it with "
@@ -477,6 +479,9 @@ def main() -> None:
     for flag, path in (("--prepared", a.prepared), ("--merge", a.merge)):
         if path is not None and not Path(path).exists():
             raise SystemExit(f"{flag} {path}: no such file or folder")
+    if a.prepared is not None and Path(a.prepared).is_file() and not tarfile.is_tarfile(a.prepared):
+        raise SystemExit(f"--prepared {a.prepared}: not a tar archive (pack it with `tar -cJf gpu-carry/prepared.tar.xz "
+                         "data/prepared` after `pbr prepare`)")
     earlier = None
     if a.merge:
         try:
@@ -487,15 +492,15 @@ def main() -> None:
                 and isinstance(earlier.get("phases"), dict)):
             raise SystemExit(f"--merge {a.merge}: not a runs_gpu.json this script wrote (no meta and phases)")
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     from stages.runtime import journal
     from stages.runtime.tracking import git_state
 
     git = git_state()  # the GPU machine's copy has no .git: there from PBR_GIT_COMMIT, given in the call
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
            "OMP_NUM_THREADS": "1", "PBR_GIT_COMMIT": git["git.commit"], "PBR_GIT_DIRTY": git["git.dirty"]}
-    result = {"meta": {"device": a.device, "width": a.width, "epochs": a.epochs, "started": time.strftime(
-        "%Y-%m-%d %H:%M:%S UTC", time.gmtime())}, "phases": {}}
+    # `set` with the rest, before the merge's check reads it (set later, the check never saw it).
+    result = {"meta": {"device": a.device, "width": a.width, "epochs": a.epochs, "set": sorted(a.set),
+                       "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}, "phases": {}}
     if a.device == "cuda":
         import torch
 
@@ -512,6 +517,7 @@ def main() -> None:
         # two calls, each small enough to finish); its rates are this call's.
         earlier_runs = {k: {**v.get("earlier_runs", {}), **v.get("runs", {})}
                         for k, v in earlier["phases"].items() if k in a.phases.split(",")}
+    out.mkdir(parents=True, exist_ok=True)  # after every refusal: none leaves an empty folder
     with tempfile.TemporaryDirectory(prefix="pbr-runs-") as tmp:
         base = Path(tmp)
         env["MLFLOW_TRACKING_URI"] = journal.uri(base / "journal")
@@ -524,7 +530,6 @@ def main() -> None:
             differ = merge_refusal(earlier["meta"], result["meta"])
             if differ:
                 raise SystemExit(f"--merge {a.merge}: {differ}")
-        result["meta"]["set"] = a.set
         result["meta"]["prepare_s"] = round(time.time() - t, 1)
         grid = plan("fidelity", seeds, {}, {"row": rows}, ROOT / "params.yaml", "full")
         by_seed = sorted(grid, key=lambda r: (r.overrides["seed"], r.name))

@@ -311,12 +311,18 @@ def test_bench_routes_reads_its_lists_of_counts_before_it_measures(tmp_path):
     (["--seeds", "x"], "--seeds x: give N"),
     (["--prepared", "missing.tar.xz"], "--prepared missing.tar.xz: no such file or folder"),
     (["--merge", "missing.json"], "--merge missing.json: no such file or folder"),
-    (["--merge", "params.yaml"], "--merge params.yaml: not a runs_gpu.json this script wrote")])
+    (["--merge", "params.yaml"], "--merge params.yaml: not a runs_gpu.json this script wrote"),
+    (["--prepared", "params.yaml"], "--prepared params.yaml: not a tar archive"),
+    # A bf16 call --merge-ing an fp32 call's file: its runs replaced the other's and took its label.
+    (["--set", "train.channels_last=true", "--width", "64", "--epochs", "50", "--merge", "fp32.json"],
+     "--merge fp32.json: its runs had --set []")])
 def test_bench_runs_gpu_says_a_bad_input_in_one_line_and_makes_no_folder(tmp_path, args, said):
     import shutil
     import sys
 
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    (tmp_path / "fp32.json").write_text(json.dumps({"meta": {"device": "cpu", "width": 64, "epochs": 50, "set": []},
+                                                    "phases": {}}))
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_runs_gpu.py"), "--device", "cpu", *args,
                         "--out", "out"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(said), r.stderr[-1500:]
