@@ -232,12 +232,21 @@ def test_a_copy_another_import_is_making_is_left_alone(source, template, tmp_pat
 
     target = _store(template, tmp_path / "project")
     c, exp_id = tracking.open_experiment(target, "pbr")
+
+    def import_beside(importer, age_s=0.0):
+        """A part copy by `importer`'s pid on this machine, `age_s` old; an import; its state after."""
+        by = f"{socket.gethostname()} {importer.pid} {time.time() - age_s:.0f}"
+        part = c.create_run(exp_id, tags={sync.PENDING_TAG: "elsewhere", sync.BY_TAG: by}).info.run_id
+        sync.import_runs(str(source), target, "pbr", log=lambda m: None)
+        return part, MlflowClient(tracking_uri=target).get_run(part).info.lifecycle_stage
+
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the other import
     try:
-        by = f"{socket.gethostname()} {other.pid} {time.time():.0f}"
-        making = c.create_run(exp_id, tags={sync.PENDING_TAG: "elsewhere", sync.BY_TAG: by}).info.run_id
-        sync.import_runs(str(source), target, "pbr", log=lambda m: None)
-        assert MlflowClient(tracking_uri=target).get_run(making).info.lifecycle_stage == "active"
+        making, state = import_beside(other)
+        assert state == "active"
+        # Two hours old under a live pid of this machine: a pid taken since by another process (it
+        # held the import back for as long as that process lived).
+        assert import_beside(other, age_s=7200)[1] == "deleted"
     finally:
         other.kill()
         other.wait()
@@ -245,17 +254,6 @@ def test_a_copy_another_import_is_making_is_left_alone(source, template, tmp_pat
     sync.import_runs(str(source), target, "pbr", log=lines.append)
     assert MlflowClient(tracking_uri=target).get_run(making).info.lifecycle_stage == "deleted"
     assert any(line.startswith("deleted ") for line in lines)
-    # Two hours old under a live pid of this machine: a pid taken since by another process (it held
-    # the import back for as long as that process lived).
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        by = f"{socket.gethostname()} {other.pid} {time.time() - 7200:.0f}"
-        stale = c.create_run(exp_id, tags={sync.PENDING_TAG: "elsewhere", sync.BY_TAG: by}).info.run_id
-        sync.import_runs(str(source), target, "pbr", log=lambda m: None)
-        assert MlflowClient(tracking_uri=target).get_run(stale).info.lifecycle_stage == "deleted"
-    finally:
-        other.kill()
-        other.wait()
 
 
 def test_an_old_file_store_imports_too(template, tmp_path, monkeypatch):
