@@ -111,6 +111,16 @@ def prepare(base: Path, a) -> dict:
     return params
 
 
+def _ends_with_parent() -> None:
+    """In a run's process before it starts (Linux): the kernel sends it SIGTERM when this script dies,
+    by SIGKILL too (a call's time limit), where its runs went on training as orphans."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def carried(source: Path, dest: Path) -> dict:
     """`pbr prepare`'s output at `dest`, from its folder or a .tar.xz holding data/prepared; returns the
     data settings it was prepared with (its manifest's), so the runs' params say what they train on."""
@@ -266,7 +276,7 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict, relay: Rel
             # Its result line to a file of its own: a pipe left unread while other runs are watched could fill.
             with open(d / "run.log", "w") as log, open(d / "result.out", "w") as res:
                 procs[r.name] = (d, subprocess.Popen([sys.executable, __file__, "--child", str(d)], env=env,
-                                                     stdout=res, stderr=log))
+                                                     stdout=res, stderr=log, preexec_fn=_ends_with_parent))
         progress({}, 0.0)
         stopped = False
         while procs:

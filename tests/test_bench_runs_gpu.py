@@ -327,3 +327,53 @@ def test_bench_runs_gpu_says_a_bad_input_in_one_line_and_makes_no_folder(tmp_pat
                         "--out", "out"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(said), r.stderr[-1500:]
     assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_calls_runs_end_with_it_when_it_is_killed_outright(tmp_path):
+    """A call SIGKILLed (a time limit's last word) left its runs training on as orphans: eight of
+    them held a 2-core machine for a quarter of an hour."""
+    import contextlib
+    import os
+    import signal
+    import sys
+    import time
+
+    call = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/bench_runs_gpu.py"), "--device", "cpu", "--width",
+                             "4", "--small", "--epochs", "50", "--phases", "mps", "--mps-runs", "2", "--out",
+                             str(tmp_path / "out")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+    def runs():  # the call's run processes: its session's, started with --child
+        return [p for p in os.listdir("/proc") if p.isdigit() and b"\0--child\0" in _cmdline(p) and _sid(p) == call.pid]
+
+    try:
+        deadline = time.time() + 120
+        while len(runs()) < 2:
+            assert call.poll() is None and time.time() < deadline, "the runs never started"
+            time.sleep(0.2)
+        call.kill()
+        call.wait()
+        deadline = time.time() + 30
+        while runs():
+            assert time.time() < deadline, "the runs outlived the call"
+            time.sleep(0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(call.pid, signal.SIGKILL)
+
+
+def _sid(pid: str) -> int | None:
+    import os
+
+    try:
+        return os.getsid(int(pid))
+    except OSError:
+        return None
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
