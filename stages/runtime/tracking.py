@@ -183,11 +183,13 @@ def pid_alive(pid: int) -> bool:
 def process_start(pid: int) -> str:
     """When process `pid` started (clock ticks since boot, /proc/PID/stat's 22nd field), "" where
     that cannot be read: with its pid it names one process, not whichever took the pid later."""
+    from stages.runtime.orphan import _stat
+
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-        return text[text.rindex(")") + 2:].split()[19]
+        st = _stat(pid)
     except (OSError, ValueError, IndexError):
         return ""
+    return str(st[3]) if st is not None else ""
 
 
 def runs_still(pid: int, start: str = "") -> bool:
