@@ -255,3 +255,31 @@ def test_tinyimagenet_with_its_train_folder_linked_from_elsewhere(tmp_path):
     (p / "train").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     ds = load_raw("tinyimagenet", tmp_path / "t")
     assert np.bincount(ds.train_labels).tolist() == [1] * 200
+
+
+def test_the_fake_sets_keep_their_content_hash(tmp_path):
+    """The hash recorded in every manifest: a change to how a valid copy is listed or read (order,
+    files skipped) would make prepared data look foreign. CIFAR's hashes are pinned as literals;
+    TinyImageNet's pixels depend on the JPEG decoder, so its order and labels are pinned instead."""
+    from PIL import Image
+
+    for n_classes, per_class, dataset, want in (
+            (10, (4, 2), "cifar10", "84a5a2d524a7f2c264aeb5f854d9ca9952108ba798107723a52f4255f4a54de6"),
+            (100, (2, 1), "cifar100", "05b74d7dec061d966259e3e0fc0c6bb42ffeff7dc4da2d73d0d71ad1cb0266b5")):
+        for form in ("archive", "folder"):
+            fakedata.write_cifar(tmp_path / form / dataset, n_classes, *per_class, form=form)
+            assert load_raw(dataset, tmp_path / form / dataset).content_hash() == want, (dataset, form)
+    folder = fakedata.write_tinyimagenet(tmp_path / "folder", 2, 1, form="folder")
+    fakedata.write_tinyimagenet(tmp_path / "zip", 2, 1, form="zip")
+    wnids = (folder / "wnids.txt").read_text().split()
+    decode = lambda rel: np.asarray(Image.open(folder / rel).convert("RGB"))  # noqa: E731
+    train = np.stack([decode(f"train/{w}/images/{w}_{i}.JPEG") for w in wnids for i in range(2)])
+    test = np.stack([decode(f"val/images/val_{k}.JPEG") for k in range(200)])
+    hashes = set()
+    for form in ("folder", "zip"):
+        ds = load_raw("tinyimagenet", tmp_path / form)
+        assert np.array_equal(ds.train_images, train) and ds.train_labels.tolist() == [c for c in range(200) for _ in "ab"]
+        assert np.array_equal(ds.test_images, test) and ds.test_labels.tolist() == list(range(200))
+        assert ds.class_names == [f"thing {c}" for c in range(200)]
+        hashes.add(ds.content_hash())
+    assert len(hashes) == 1
