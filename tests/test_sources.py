@@ -283,3 +283,26 @@ def test_the_fake_sets_keep_their_content_hash(tmp_path):
         assert ds.class_names == [f"thing {c}" for c in range(200)]
         hashes.add(ds.content_hash())
     assert len(hashes) == 1
+
+
+@pytest.mark.parametrize("dataset", ["cifar100", "tinyimagenet"])
+def test_an_incomplete_folder_beside_the_archive_names_the_archive(tmp_path, dataset):
+    """The folder is read first; a half-extracted one beside a whole archive said only that the
+    folder was incomplete. It is still not swapped for the archive without a word."""
+    if dataset == "cifar100":
+        archive = fakedata.write_cifar(tmp_path, 100, 2, 1)
+        folder = fakedata.write_cifar(tmp_path, 100, 2, 1, form="folder")
+        (folder / "train").unlink()
+        first = f"{folder}: CIFAR-100 member\\(s\\) missing: train; replace the data"
+    else:
+        archive = fakedata.write_tinyimagenet(tmp_path, 1, 1, form="zip")
+        folder = fakedata.write_tinyimagenet(tmp_path, 1, 1, form="folder")
+        (folder / "wnids.txt").unlink()
+        first = f"{folder}: wnids.txt missing; this is not a complete tiny-imagenet-200 copy"
+    with pytest.raises(DataError, match=f"^{first}; {archive} is also there: remove the incomplete folder to use "
+                                        f"it$"):
+        load_raw(dataset, tmp_path)
+    import shutil
+
+    shutil.rmtree(folder)  # what the line says
+    assert load_raw(dataset, tmp_path).source == str(archive)

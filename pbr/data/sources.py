@@ -358,8 +358,16 @@ def load_raw(dataset: str, root: str | Path, download: bool = False) -> RawDatas
         path = next((p for p in cands if p.exists()), None)
     if path is None:
         check_raw(dataset, root)  # fetched and still not there: the same line as never fetched
-    if dataset == "cifar10":
-        return read_cifar(CIFAR10, path, "cifar10")
-    if dataset == "cifar100":
-        return read_cifar(CIFAR100, path, "cifar100")
-    return read_tinyimagenet(path)
+    try:
+        if dataset == "cifar10":
+            return read_cifar(CIFAR10, path, "cifar10")
+        if dataset == "cifar100":
+            return read_cifar(CIFAR100, path, "cifar100")
+        return read_tinyimagenet(path)
+    except DataError as e:
+        # The folder is read when both are there. One that does not read (half-extracted, or being
+        # extracted now) is reported, not swapped for the archive: which copy was read would then
+        # depend on a fault the user never hears of, and the manifest keeps only the content hash.
+        if path == cands[0] and cands[1].exists():
+            raise DataError(f"{e}; {cands[1]} is also there: remove the incomplete folder to use it") from None
+        raise
