@@ -124,6 +124,11 @@ def _jpeg(img: np.ndarray, grey: bool = False) -> bytes:
     return buf.getvalue()
 
 
+def tiny_wnids(n_classes: int = 200) -> list[str]:
+    """The fake's wnids.txt, line c (class c) first to last."""
+    return sorted((f"n{10000000 + 7 * c:08d}" for c in range(n_classes)), reverse=True)
+
+
 def write_tinyimagenet(root: Path, train_per_class: int = 3, val_per_class: int = 1, form: str = "folder",
                        n_classes: int = 200) -> Path:
     """tiny-imagenet-200/ (or its .zip) with wnids.txt, words.txt, train/<wnid>/images, val/.
@@ -133,7 +138,7 @@ def write_tinyimagenet(root: Path, train_per_class: int = 3, val_per_class: int 
     JPEGs (every GREY-th of the training images), and the zip holds entries for its folders."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    wnids = sorted((f"n{10000000 + 7 * c:08d}" for c in range(n_classes)), reverse=True)  # line c: class c
+    wnids = tiny_wnids(n_classes)
     files: dict[str, bytes] = {
         "wnids.txt": "\n".join(wnids).encode() + b"\n",
         "words.txt": "".join(f"{w}\tthing {c}, other name\n" for c, w in enumerate(wnids)).encode()

@@ -1,3 +1,4 @@
+import io
 import pickle
 
 import numpy as np
@@ -184,7 +185,9 @@ def test_tinyimagenet_corrupt_zip_and_bad_image(tmp_path):
         load_raw("tinyimagenet", tmp_path / "a")
     p = fakedata.write_tinyimagenet(tmp_path / "b", 1, 1, form="folder")
     (p / "val" / "images" / "val_7.JPEG").write_bytes(b"not a jpeg")
-    with pytest.raises(DataError, match="cannot be decoded"):
+    # The file, not its place in a list of 10,000 ("image 7").
+    with pytest.raises(DataError, match=f"^{p}/val/images/val_7.JPEG cannot be decoded \\(UnidentifiedImageError\\); "
+                                        f"replace the data$"):
         load_raw("tinyimagenet", tmp_path / "b")
 
 
@@ -306,3 +309,47 @@ def test_an_incomplete_folder_beside_the_archive_names_the_archive(tmp_path, dat
 
     shutil.rmtree(folder)  # what the line says
     assert load_raw(dataset, tmp_path).source == str(archive)
+
+
+def _rezip(path, edit) -> None:
+    """Rewrite the zip at `path` with its members passed through `edit` ({name: bytes} -> same)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        members = edit({i.filename: z.read(i) for i in z.infolist()})
+    with zipfile.ZipFile(path, "w") as z:
+        for name, blob in members.items():
+            z.writestr(name, blob)
+
+
+def test_a_bad_training_image_in_the_zip_is_named(tmp_path):
+    from PIL import Image
+
+    z = fakedata.write_tinyimagenet(tmp_path / "a", 1, 1, form="zip")
+    w = fakedata.tiny_wnids()[5]
+    bad = f"tiny-imagenet-200/train/{w}/images/{w}_0.JPEG"
+    _rezip(z, lambda m: {**m, bad: m[bad][:200]})  # cut short, as a killed copy leaves it
+    with pytest.raises(DataError, match=f"^{z}:{bad} cannot be decoded \\(OSError\\); replace the data$"):
+        load_raw("tinyimagenet", tmp_path / "a")
+    small = io.BytesIO()
+    Image.new("RGB", (32, 32)).save(small, format="JPEG")
+    _rezip(z, lambda m: {**m, bad: small.getvalue()})
+    with pytest.raises(DataError, match=f"^{z}:{bad}: TinyImageNet images must be 64x64 RGB, found \\(32, 32\\)$"):
+        load_raw("tinyimagenet", tmp_path / "a")
+
+
+@pytest.mark.parametrize("form", ["folder", "zip"])
+def test_macos_appledouble_files_are_not_images(tmp_path, form):
+    """macOS's tar, and its copies to a non-Mac disk, write `._<name>` beside every file (its
+    Archive Utility puts them under __MACOSX/): an image's name and extension, no image."""
+    clean = load_raw("tinyimagenet", fakedata.write_tinyimagenet(tmp_path / "clean", 1, 1, form=form).parent)
+    p = fakedata.write_tinyimagenet(tmp_path / "mac", 1, 1, form=form)
+    fork = b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        "  # an AppleDouble header
+    w = fakedata.tiny_wnids()[3]
+    if form == "folder":
+        (p / "train" / w / "images" / f"._{w}_0.JPEG").write_bytes(fork)
+    else:
+        rel = f"tiny-imagenet-200/train/{w}/images"
+        _rezip(p, lambda m: {**m, f"{rel}/._{w}_0.JPEG": fork, f"__MACOSX/{rel}/._{w}_0.JPEG": fork,
+                             "__MACOSX/tiny-imagenet-200/._wnids.txt": fork})
+    assert load_raw("tinyimagenet", tmp_path / "mac").content_hash() == clean.content_hash()

@@ -171,7 +171,8 @@ def _check_every_class(ds: RawDataset) -> None:
 
 # ---- TinyImageNet: tiny-imagenet-200/{wnids.txt, words.txt, train/<wnid>/images, val/}
 
-def _decode_jpegs(blobs: list[bytes], where: str) -> np.ndarray:
+def _decode_jpegs(blobs: list[bytes], names: list[str]) -> np.ndarray:
+    """`names[i]` says where blob i came from, for the error that names a bad image."""
     from concurrent.futures import ThreadPoolExecutor
 
     from PIL import Image
@@ -182,13 +183,13 @@ def _decode_jpegs(blobs: list[bytes], where: str) -> np.ndarray:
             with Image.open(io.BytesIO(b)) as im:
                 return np.asarray(im.convert("RGB"))  # a few TinyImageNet images are greyscale
         except Exception as e:
-            raise DataError(f"{where}: image {i} cannot be decoded ({type(e).__name__}); replace the data") from None
+            raise DataError(f"{names[i]} cannot be decoded ({type(e).__name__}); replace the data") from None
 
     with ThreadPoolExecutor(4) as pool:  # PIL releases the GIL while decoding
         images = list(pool.map(one, enumerate(blobs)))
-    shapes = {im.shape for im in images}
-    if shapes != {(64, 64, 3)}:
-        raise DataError(f"{where}: TinyImageNet images must be 64x64 RGB, found shapes {sorted(shapes)[:3]}")
+    bad = next((i for i, im in enumerate(images) if im.shape != (64, 64, 3)), None)
+    if bad is not None:
+        raise DataError(f"{names[bad]}: TinyImageNet images must be 64x64 RGB, found {images[bad].shape[:2]}")
     return np.stack(images)
 
 
@@ -207,11 +208,16 @@ class _TinyFiles:
         else:
             try:
                 self._zip = zipfile.ZipFile(path)
-                self.names = set(self._zip.namelist())
+                # __MACOSX/: the resource forks macOS's Archive Utility adds, one for every file.
+                self.names = {n for n in self._zip.namelist() if not n.startswith("__MACOSX/")}
             except (zipfile.BadZipFile, OSError, EOFError) as e:
                 raise DataError(f"{path}: not a readable zip ({type(e).__name__}); "
                                 f"the file is truncated or corrupt, replace it") from None
             self.prefix = "tiny-imagenet-200/" if "tiny-imagenet-200/wnids.txt" in self.names else ""
+
+    def where(self, rel: str) -> str:
+        """The file as the user finds it: a path, or the zip and the name inside it."""
+        return str(self.path / rel) if self._zip is None else f"{self.path}:{self.prefix}{rel}"
 
     def has(self, rel: str) -> bool:
         return self.prefix + rel in self.names
@@ -233,9 +239,11 @@ class _TinyFiles:
             raise DataError(f"{self.path}: {rel} is not UTF-8 text; replace the data") from None
 
     def listdir(self, rel: str) -> list[str]:
+        """The files in `rel`, less hidden ones: macOS's AppleDouble files (._x.JPEG, written beside
+        each file by its tar and by copies to non-Mac disks) carry an image's name but no image."""
         head = self.prefix + rel.rstrip("/") + "/"
         return sorted(n[len(head):] for n in self.names if n.startswith(head) and "/" not in n[len(head):]
-                      and n[len(head):])
+                      and n[len(head):] and not n[len(head):].startswith("."))
 
 
 def read_tinyimagenet(path: Path) -> RawDataset:
@@ -254,15 +262,17 @@ def read_tinyimagenet(path: Path) -> RawDataset:
                 words[k] = v.split(",")[0].strip()
     index = {w: i for i, w in enumerate(wnids)}
 
-    blobs, labels = [], []
+    blobs, labels, names = [], [], []
     for w in wnids:
-        imgs = [f for f in files.listdir(f"train/{w}/images") if f.lower().endswith((".jpeg", ".jpg", ".png"))]
-        blobs += [files.read(f"train/{w}/images/{f}") for f in imgs]
+        imgs = [f"train/{w}/images/{f}" for f in files.listdir(f"train/{w}/images")
+                if f.lower().endswith((".jpeg", ".jpg", ".png"))]
+        blobs += [files.read(f) for f in imgs]
+        names += [files.where(f) for f in imgs]
         labels += [index[w]] * len(imgs)
-    train_x = _decode_jpegs(blobs, f"{path}:train") if blobs else np.zeros((0, 64, 64, 3), np.uint8)
+    train_x = _decode_jpegs(blobs, names) if blobs else np.zeros((0, 64, 64, 3), np.uint8)
 
     # The official test split has no labels: val is the test set.
-    t_blobs, t_labels = [], []
+    t_blobs, t_labels, t_names = [], [], []
     for line in files.text("val/val_annotations.txt").splitlines():
         parts = line.split("\t")
         if len(parts) < 2:
@@ -270,8 +280,9 @@ def read_tinyimagenet(path: Path) -> RawDataset:
         if parts[1] not in index:
             raise DataError(f"{path}: val/val_annotations.txt names unknown class {parts[1]!r}")
         t_blobs.append(files.read(f"val/images/{parts[0]}"))
+        t_names.append(files.where(f"val/images/{parts[0]}"))
         t_labels.append(index[parts[1]])
-    test_x = _decode_jpegs(t_blobs, f"{path}:val") if t_blobs else np.zeros((0, 64, 64, 3), np.uint8)
+    test_x = _decode_jpegs(t_blobs, t_names) if t_blobs else np.zeros((0, 64, 64, 3), np.uint8)
     ds = RawDataset("tinyimagenet", train_x, np.asarray(labels, np.int64), test_x, np.asarray(t_labels, np.int64),
                     [words.get(w, w) for w in wnids], str(path))
     _check_every_class(ds)
