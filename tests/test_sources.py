@@ -353,3 +353,41 @@ def test_macos_appledouble_files_are_not_images(tmp_path, form):
         _rezip(p, lambda m: {**m, f"{rel}/._{w}_0.JPEG": fork, f"__MACOSX/{rel}/._{w}_0.JPEG": fork,
                              "__MACOSX/tiny-imagenet-200/._wnids.txt": fork})
     assert load_raw("tinyimagenet", tmp_path / "mac").content_hash() == clean.content_hash()
+
+
+def test_a_class_without_its_training_folder_names_the_folder(tmp_path):
+    import shutil
+
+    p = fakedata.write_tinyimagenet(tmp_path, 1, 1)
+    w = fakedata.tiny_wnids()[4]
+    shutil.rmtree(p / "train" / w)  # was: "the training split has no image of class(es) [4]"
+    with pytest.raises(DataError, match=f"^{p}: no image in train/{w}/images for class 4 \\({w}, line 5 of "
+                                        f"wnids.txt\\); the data is incomplete, replace it$"):
+        load_raw("tinyimagenet", tmp_path)
+
+
+def test_a_copy_one_folder_too_deep_says_where_it_is(tmp_path):
+    want = load_raw("tinyimagenet", fakedata.write_tinyimagenet(tmp_path / "ok", 1, 1).parent).content_hash()
+    outer = tmp_path / "raw" / "tiny-imagenet-200"
+    fakedata.write_tinyimagenet(outer, 1, 1)  # unzipped inside a folder of the archive's own name
+    with pytest.raises(DataError, match=f"^{outer}: no wnids.txt at its top, but {outer}/tiny-imagenet-200/wnids.txt "
+                                        f"is there \\(extracted into a folder too deep\\); set data.root to {outer}$"):
+        load_raw("tinyimagenet", tmp_path / "raw")
+    assert load_raw("tinyimagenet", outer).content_hash() == want  # what the line says
+    (outer / "tiny-imagenet-200").rename(outer / "copy")
+    with pytest.raises(DataError, match=f"move the contents of {outer}/copy up into {outer}$"):
+        load_raw("tinyimagenet", tmp_path / "raw")
+
+
+def test_a_zip_repacked_under_another_folder_name_reads(tmp_path):
+    """Names inside the zip are not content (as CIFAR's members read under any prefix): the same
+    images, the same hash. Two copies in one zip are refused, not one picked."""
+    z = fakedata.write_tinyimagenet(tmp_path, 1, 1, form="zip")
+    want = load_raw("tinyimagenet", tmp_path).content_hash()
+    rename = lambda m, top: {top + n.split("/", 1)[1]: b for n, b in m.items() if "/" in n}  # noqa: E731
+    _rezip(z, lambda m: rename(m, "tiny/"))
+    assert load_raw("tinyimagenet", tmp_path).content_hash() == want
+    _rezip(z, lambda m: {**m, **rename(m, "backup/")})
+    with pytest.raises(DataError, match=f"^{z}: holds 2 copies of the data set \\(wnids.txt under backup/, tiny/\\); "
+                                        f"repack it with one$"):
+        load_raw("tinyimagenet", tmp_path)

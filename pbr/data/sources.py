@@ -205,6 +205,8 @@ class _TinyFiles:
             self.names = {(Path(d) / f).relative_to(path).as_posix()
                           for d, _, fs in os.walk(path, followlinks=True) for f in fs}
             self.prefix = ""
+            if "wnids.txt" not in self.names:
+                self._too_deep()
         else:
             try:
                 self._zip = zipfile.ZipFile(path)
@@ -213,7 +215,37 @@ class _TinyFiles:
             except (zipfile.BadZipFile, OSError, EOFError) as e:
                 raise DataError(f"{path}: not a readable zip ({type(e).__name__}); "
                                 f"the file is truncated or corrupt, replace it") from None
-            self.prefix = "tiny-imagenet-200/" if "tiny-imagenet-200/wnids.txt" in self.names else ""
+            self.prefix = self._zip_top()
+
+    def _tops(self) -> list[str]:
+        """The folders that hold a wnids.txt, shallowest first."""
+        return sorted((n[:-len("wnids.txt")] for n in self.names if n.endswith("/wnids.txt")),
+                      key=lambda t: (t.count("/"), t))
+
+    def _zip_top(self) -> str:
+        # Like the CIFAR members, the tree reads under any folder name: a zip repacked from a renamed
+        # folder holds the same images (what is read, and its hash, does not change).
+        if "tiny-imagenet-200/wnids.txt" in self.names:
+            return "tiny-imagenet-200/"
+        if "wnids.txt" in self.names:
+            return ""
+        tops = self._tops()
+        if len(tops) > 1:
+            raise DataError(f"{self.path}: holds {len(tops)} copies of the data set (wnids.txt under "
+                            f"{', '.join(tops[:3])}); repack it with one")
+        return tops[0] if tops else ""
+
+    def _too_deep(self) -> None:
+        """A folder whose wnids.txt lies further down (extracted into a folder of the same name): say
+        where, and how to point at it, rather than that wnids.txt is missing."""
+        tops = self._tops()
+        if not tops:
+            return
+        top = tops[0].rstrip("/")
+        fix = (f"set data.root to {self.path}" if top == self.path.name
+               else f"move the contents of {self.path / top} up into {self.path}")
+        raise DataError(f"{self.path}: no wnids.txt at its top, but {self.path / top}/wnids.txt is there (extracted "
+                        f"into a folder too deep); {fix}")
 
     def where(self, rel: str) -> str:
         """The file as the user finds it: a path, or the zip and the name inside it."""
@@ -263,9 +295,12 @@ def read_tinyimagenet(path: Path) -> RawDataset:
     index = {w: i for i, w in enumerate(wnids)}
 
     blobs, labels, names = [], [], []
-    for w in wnids:
+    for c, w in enumerate(wnids):
         imgs = [f"train/{w}/images/{f}" for f in files.listdir(f"train/{w}/images")
                 if f.lower().endswith((".jpeg", ".jpg", ".png"))]
+        if not imgs:  # a wnid, not a class number, says which folder to look for
+            raise DataError(f"{path}: no image in train/{w}/images for class {c} ({w}, line {c + 1} of "
+                            f"wnids.txt); the data is incomplete, replace it")
         blobs += [files.read(f) for f in imgs]
         names += [files.where(f) for f in imgs]
         labels += [index[w]] * len(imgs)
