@@ -198,6 +198,7 @@ class _TinyFiles:
 
     def __init__(self, path: Path):
         self.path = path
+        self._children: dict[str, list[str]] | None = None
         if path.is_dir():
             self._zip = None
             # os.walk, not rglob: Python 3.11's rglob does not enter a linked folder (train/ kept on
@@ -273,9 +274,13 @@ class _TinyFiles:
     def listdir(self, rel: str) -> list[str]:
         """The files in `rel`, less hidden ones: macOS's AppleDouble files (._x.JPEG, written beside
         each file by its tar and by copies to non-Mac disks) carry an image's name but no image."""
-        head = self.prefix + rel.rstrip("/") + "/"
-        return sorted(n[len(head):] for n in self.names if n.startswith(head) and "/" not in n[len(head):]
-                      and n[len(head):] and not n[len(head):].startswith("."))
+        if self._children is None:  # grouped once: a scan of every name per class took 20 s (200 x 120k)
+            self._children = {}
+            for n in self.names:
+                head, _, base = n.rpartition("/")
+                if base and not base.startswith("."):  # a zip's folder entries end in "/"
+                    self._children.setdefault(head, []).append(base)
+        return sorted(self._children.get((self.prefix + rel).rstrip("/"), []))
 
 
 def read_tinyimagenet(path: Path) -> RawDataset:
