@@ -874,3 +874,20 @@ def test_a_papers_mark_stands_only_beside_runs_of_its_task_count():
         (title, gs, paper), = report.figure_tables(groups, "acc")
         panels = _drawn(table_figure(title, gs, "acc", paper))
         assert all(("paper" in panel) == marked for panel in panels.values()), (n_tasks, panels)
+
+
+def test_the_forgetting_table_says_its_definition_and_which_way_is_better():
+    """Forgetting differs from Mammoth's (the final row left out of the max) and lower is better, so a
+    positive PBR - ER is PBR forgetting more: the page says both, the accuracy page neither."""
+    runs = [RunRecord(f"{m}{s}", {**BASE, "method.name": m, "seed": str(s)},
+                      {"class_il.acc": 30.0 + s, "class_il.forgetting": f + s, "task_il.acc": 80.0,
+                       "task_il.forgetting": 5.0 + s}, 0)
+            for m, f in (("pbr", 40.0), ("er", 30.0)) for s in (0, 1, 3)]
+    groups, _ = report.group_runs(runs)
+    text = report.render_markdown(groups, "forgetting")
+    assert "Chaudhry et al. 2018" in text and "never below ours" in text
+    assert "a positive difference is PBR forgetting more" in text
+    # PBR - ER: +10 on each seed, so higher on 3 of 3, an interval of width 0
+    assert "Class-IL +10.00, 95% CI [+10.00, +10.00] (higher on 3 of n=3)" in text
+    acc = report.render_markdown(groups, "acc")
+    assert "Chaudhry" not in acc and "forgetting more" not in acc

@@ -591,6 +591,11 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
                                for g in gs):  # the paper's numbers sit beside the full protocol's rows only
         out.append("[paper X] is the published number (mean of 5 runs); "
                    "[paper X, N tasks] where the paper used another number of tasks.")
+    if metric == "forgetting":  # not Mammoth's: a reader setting the two side by side reads ours lower
+        out.append("Forgetting is the mean over the tasks but the last of the best accuracy before the final task "
+                   "minus the final one (Chaudhry et al. 2018; it can be negative). Mammoth's takes the best over "
+                   "every evaluation, the final one included, so its values are never below 0 and never below ours. "
+                   "Lower is better.")
     for (budget, setting, ir), gs in sorted_tables(groups):
         cols = sorted({(g.dataset, g.n_tasks) for g in gs}, key=lambda c: _col_order(*c))
         rows = sorted({(g.method, g.buffer_size, g.device, g.precision, g.label) for g in gs},
@@ -622,7 +627,8 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
             out += ["", f"Paired with {_reference()}: its {metric.upper()} minus the row's over the n seeds both ran "
                         f"(on one machine): the mean difference, its 95% interval (Student's t, n-1 degrees of "
                         f"freedom), and on how many seeds {_reference()} is higher; rows sharing fewer than {MIN_PAIRS} "
-                        f"seeds left out.", ""] + paired
+                        f"seeds left out." + (f" Higher forgetting is worse: a positive difference is {_reference()} "
+                                              f"forgetting more." if metric == "forgetting" else ""), ""] + paired
         notes = ([note for g in gs for note in g.notes] + _tuned_lr_notes(gs) + _unknown_machine_notes(gs)
                  + _pooled_confirmation_notes(gs))
         if notes:
