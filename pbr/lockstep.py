@@ -252,6 +252,15 @@ def train_laned(methods: Sequence[ContinualMethod], run: Callable[[int, Continua
     opt = torch.optim.SGD(lanes.parameters(), lr=lr.pop(), weight_decay=decay.pop())
 
     def one_step(losses: list[torch.Tensor]) -> list[torch.Tensor]:
+        # At the lr the lanes' own optimisers are at (their begin_epoch follows lr_milestones): one
+        # for all, as the lanes train the same epochs at the same settings.
+        now = {m.opt.param_groups[0]["lr"] for m in methods}
+        if len(now) != 1:
+            raise ValueError(f"the lanes' optimisers are at different lrs {sorted(now)}: the lanes of one job "
+                             "must train the same epochs")
+        rate = now.pop()
+        for group in opt.param_groups:
+            group["lr"] = rate
         opt.zero_grad(set_to_none=True)
         torch.stack(losses).sum().backward()
         opt.step()

@@ -37,7 +37,7 @@ def fit_task(
     for epoch in range(epochs):
         total = torch.zeros((), device=ctx.device)
         method.correct.zero_()
-        method.begin_epoch(epoch)
+        method.begin_epoch(epoch, epochs)
         perm = torch.randperm(n, generator=ctx.generator, device=ctx.device)
         for start in range(0, n, batch_size):
             idx = perm[start:start + batch_size]

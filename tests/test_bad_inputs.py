@@ -31,6 +31,7 @@ INVALID = {
     "train.replay_batch_size": [0, -1],
     "train.eval_batch_size": [0, "x"],
     "train.lr": [0, -0.1, "fast"],
+    "train.lr_milestones": [[0.9, 0.7], [0.7, 0.7], [0, 0.5], [0.5, 1.0], [35, 45], 0.7, "fast", [True]],
     "train.device": ["tpu", 0],
     "train.precision": ["fp16"],
     "train.channels_last": ["yes"],

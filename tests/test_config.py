@@ -50,6 +50,13 @@ def test_per_task_epochs():
     assert cfg.flat()["train.epochs"] == [4, 8, 16, 40, 80]  # a list, as YAML and MLflow write it
 
 
+def test_lr_milestones():
+    assert from_dict({}).train.lr_milestones == "auto"  # the method's own
+    assert from_dict({"train": {"lr_milestones": []}}).train.lr_milestones == ()  # a constant lr
+    cfg = from_dict({"train": {"lr_milestones": [0.7, 0.9]}})
+    assert cfg.train.lr_milestones == (0.7, 0.9) and cfg.flat()["train.lr_milestones"] == [0.7, 0.9]
+
+
 def test_missing_keys_take_defaults():
     assert from_dict({"data": {"dataset": "cifar100", "n_tasks": 10}}).data.imbalance_ratio == 0.01
     assert from_dict({"data": {"dataset": "cifar100", "imbalance_ratio": 0.002}}).data.imbalance_ratio == 0.002
@@ -81,6 +88,11 @@ BAD = [
     ({"train": {"batch_size": 1.0}}, r"train.batch_size = 1.0"),
     ({"train": {"lr": 0}}, r"train.lr = 0 .* a positive number or auto"),
     ({"train": {"lr": "fast"}}, r"train.lr = 'fast'"),
+    # fractions of a task's epochs, strictly increasing, inside (0, 1): a list, [] for a constant lr
+    *((({"train": {"lr_milestones": v}}), re.escape(f"train.lr_milestones = {v!r} is not allowed; it must be auto, or a "
+                                                      "list of strictly increasing fractions of a task's epochs in (0, 1) "
+                                                      "([] for a constant lr)") + "$")
+      for v in ([0.9, 0.7], [0.7, 0.7], [0, 0.5], [0.5, 1], [35, 45], 0.7, "0.7, 0.9", [0.7, "x"], [True], "constant")),
     ({"model": {"dropout": 1.0}}, r"model.dropout = 1.0 .* \[0, 1\) or auto"),
     ({"model": {"head": "mlp"}}, r"model.head = 'mlp' .* auto \| cosine \| linear"),
     ({"method": {"pbr": {"alpha": -1}}}, r"method.pbr.alpha = -1"),
@@ -177,7 +189,11 @@ def test_auto_values_come_from_the_published_table_of_the_runs_dataset_and_buffe
     assert derpp("cifar10", 500)[0] == (0.03, 0.2, 0.5)
     assert derpp("tinyimagenet", 200)[0] == (0.03, 0.1, 1.0)  # not Seq-CIFAR-10's beta 0.5
     assert "seq-tinyimg" in derpp("tinyimagenet", 200)[1]
-    values, source = derpp("cifar100", 200)  # Mammoth lists seq-cifar100 at buffer 500 and 2000 only
+    # Mammoth lists seq-cifar100 at buffer 500 and 2000 only: 200 takes 500's (one Table 2 row, one
+    # setting in both its buffer columns), a buffer it lists for no data set the method's default.
+    values, source = derpp("cifar100", 200)
+    assert values == (0.03, 0.1, 0.5) and "seq-cifar100 buffer 500 (best_args has no 200)" in source
+    values, source = derpp("cifar100", 5120)
     assert values == (0.03, 0.1, 0.5) and "no published value" in source
     run = settings(from_dict({"data": {"dataset": "tinyimagenet"}, "method": {"name": "er", "buffer_size": 500}}))
     s, sources = run.values, run.sources

@@ -64,18 +64,19 @@ def _train(method, seed, rows):
     train_tasks(method, train, test, [2, 3], 6, eval_batch_size=7, observer=rows)
 
 
-@pytest.mark.parametrize("name", ["sgd", "er", "pbr"])
-def test_laned_runs_are_the_separate_runs(name):
+@pytest.mark.parametrize("name,settings", [("sgd", {}), ("er", {}), ("pbr", {}), ("er", {"lr_milestones": (0.5,)})])
+def test_laned_runs_are_the_separate_runs(name, settings):
     """SGD (the plain step), ER (replay, reservoir) and PBR (its teacher's KL and prototype terms through a laned copy,
-    the walk scoring each lane's own network with its own generator)."""
+    the walk scoring each lane's own network with its own generator); ER under lr milestones too (a tenth of the lr
+    from epoch 1 of the first task's 2, from epoch 2 of the second's 3: the lanes' one optimiser follows)."""
     singles, single_rows = [], []
     for s in SEEDS:
-        m, rows = _run(s, name), Rows()
+        m, rows = _run(s, name, **settings), Rows()
         _train(m, s, rows)
         singles.append(m)
         single_rows.append(rows.rows)
 
-    laned = [_run(s, name) for s in SEEDS]
+    laned = [_run(s, name, **settings) for s in SEEDS]
     laned_rows = [Rows() for _ in SEEDS]
     train_laned(laned, lambda i, m: _train(m, SEEDS[i], laned_rows[i]))
 

@@ -235,6 +235,69 @@ def test_step_hooks_penalty_gradient_change_and_after_step():
 
 
 
+def test_lr_milestones_train_as_mammoths_multisteplr_restarted_each_task():
+    """An independent reference: two tasks of four epochs under lr_milestones (0.5, 0.75) against a
+    hand-written loop of the same draws, with torch's MultiStepLR([2, 3], gamma 0.1) stepped after
+    each epoch on an SGD built at each task's start (Mammoth's get_scheduler): the same weights.
+    The same run at a constant lr ends elsewhere (the comparison could fail)."""
+    import copy
+
+    import torch.nn.functional as F
+
+    def ours(milestones):
+        method, _ = _setup("sgd", lr=0.1, lr_milestones=milestones)
+        start = copy.deepcopy(method.net)
+        for k in range(2):
+            images, labels = _task(k)
+            method.begin_task(k, images, labels)
+            fit_task(method, images, labels, 4, 8)
+        return method.net, start
+
+    trained, net = ours((0.5, 0.75))
+    g, augment = torch.Generator().manual_seed(0), Augment(MEAN, STD)  # _setup's generator
+    net.train()
+    for k in range(2):
+        images, labels = _task(k)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        schedule = torch.optim.lr_scheduler.MultiStepLR(opt, [2, 3], gamma=0.1)
+        for _ in range(4):
+            perm = torch.randperm(24, generator=g)
+            for s in range(0, 24, 8):
+                idx = perm[s:s + 8]
+                opt.zero_grad()
+                F.cross_entropy(net(augment(images[idx], g)), labels[idx]).backward()
+                opt.step()
+            schedule.step()
+    assert torch.equal(_params(trained), _params(net))
+    constant, _ = ours(())
+    assert not torch.equal(_params(constant), _params(net))
+
+
+def test_every_methods_optimiser_follows_lr_milestones_in_every_param_group():
+    """(0.7, 0.9) of 50 epochs: a tenth of the lr from epoch 35 on, a hundredth from 45, as Mammoth's
+    MultiStepLR([35, 45]) stepped after each epoch, in every param group of each method's optimiser
+    (PODNet+'s holds its LSC as well as the network)."""
+    ref = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    schedule = torch.optim.lr_scheduler.MultiStepLR(ref, [35, 45], gamma=0.1)
+    want = []
+    for _ in range(50):
+        want.append(ref.param_groups[0]["lr"])
+        ref.step()
+        schedule.step()
+    assert want[34] == 0.1 and want[35] == want[44] == 0.1 * 0.1 and want[45] == want[49] == 0.1 * 0.1 * 0.1
+    for name in METHODS:
+        method, _ = _setup(name, lr=0.1, lr_milestones=(0.7, 0.9))
+        method.begin_task(0, *_task(0))
+        got = []
+        for e in range(50):
+            method.begin_epoch(e, 50)
+            got.append({g["lr"] for g in method.opt.param_groups})
+        assert got == [{lr} for lr in want], name
+        method.begin_task(1, *_task(1))  # a fresh optimiser: the schedule starts again
+        method.begin_epoch(0, 50)
+        assert {g["lr"] for g in method.opt.param_groups} == {0.1}, name
+
+
 def test_a_methods_defaults_need_name_only_what_it_changes():
     """A new method's `defaults = {"lr": 0.05}` (the natural way to write its own lr) left head,
     dropout and weight decay unresolved: `pbr train` ended in a traceback (KeyError: no value for

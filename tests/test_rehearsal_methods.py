@@ -205,12 +205,31 @@ BEST_ARGS = {
     ("gss", "cifar10", 5120): {"lr": 0.03},
     ("lwf", "cifar10", 200): {"lr": 0.01, "alpha": 3.0, "weight_decay": 5e-4},
     ("lwf", "tinyimagenet", 200): {"lr": 0.01, "alpha": 1.0, "weight_decay": 5e-4},
-    # seq-cifar100 lwf {-1: lr 0.03, optim_wd 5e-4}: no alpha, so models/lwf.py's default 0.5 ran.
-    ("lwf", "cifar100", 500): {"lr": 0.03, "alpha": 0.5, "weight_decay": 5e-4},
+    ("der", "cifar10", 200): {"lr": 0.03, "alpha": 0.3},
+    ("derpp", "cifar10", 500): {"lr": 0.03, "alpha": 0.2, "beta": 0.5},
+    ("icarl", "tinyimagenet", 500): {"lr": 0.03, "weight_decay": 1e-5},
 }
+# Seq-CIFAR-100: datasets/seq_cifar100.py get_scheduler @5bb9275 trains every task under
+# MultiStepLR([35, 45], gamma 0.1) of 50 epochs, so its best_args carry lr_milestones 0.7, 0.9.
+# best_args lists buffers 500 and 2000 there, no 200: 200 takes 500's values (one setting a Table 2 row).
+SEQ_CIFAR100 = {
+    "sgd": {"lr": 0.03},  # sgd {-1: lr 0.03}
+    "lwf": {"lr": 0.03, "alpha": 0.5, "weight_decay": 5e-4},  # lwf {-1: lr 0.03, optim_wd 5e-4}; alpha: models/lwf.py's default
+    "er": {"lr": 0.1},  # er {500: lr 0.1}
+    "prs": {"lr": 0.1},  # ER's step, ER's values
+    "cbrs": {"lr": 0.1},
+    "icarl": {"lr": 0.3, "weight_decay": 1e-5},  # icarl {500: lr 0.3, optim_wd 1e-5}
+    "der": {"lr": 0.03, "alpha": 0.3},  # der {500: lr 0.03, alpha 0.3}
+    "derpp": {"lr": 0.03, "alpha": 0.1, "beta": 0.5},  # derpp {500: lr 0.03, alpha 0.1, beta 0.5}
+}
+for _name, _values in SEQ_CIFAR100.items():
+    for _buffer in (200, 500):
+        BEST_ARGS[(_name, "cifar100", _buffer)] = {**_values, "lr_milestones": (0.7, 0.9)}
 
 
 def test_auto_settings_are_mammoths_best_args():
+    """Also the lr schedule: Seq-CIFAR-100's best_args were tuned under its scheduler, which they
+    carry; Seq-CIFAR-10 and Seq-TinyImageNet have none (get_scheduler returns None): a constant lr."""
     from pbr.methods import METHODS
 
     for (name, dataset, buffer), expected in BEST_ARGS.items():
@@ -218,3 +237,8 @@ def test_auto_settings_are_mammoths_best_args():
         got = {k: getattr(opts, k) for k in expected}
         assert got == expected, (name, dataset, buffer)
         assert all("best_args" in sources[k] for k in expected), (name, dataset, buffer, sources)
+        if dataset == "cifar100":
+            assert "datasets/seq_cifar100.py get_scheduler" in sources["lr_milestones"], (name, buffer)
+            assert ("best_args has no 200" in sources["lr"]) == (buffer == 200 and name not in ("sgd", "lwf"))
+        else:
+            assert opts.lr_milestones == (), (name, dataset, buffer)

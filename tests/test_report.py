@@ -630,6 +630,39 @@ def test_runs_recorded_before_the_method_sections_join_todays_rows(tmp_path):
                     "ER": (22.0, pytest.approx(2 * math.sqrt(2)), 2)}
 
 
+def test_a_run_off_its_methods_lr_milestones_is_a_row_of_its_own(tmp_path):
+    """On CIFAR-100 ER's own setting carries Mammoth's lr milestones (0.7, 0.9): a run at a constant lr,
+    set so or recorded before the key existed (it trained at a constant lr then), or at other
+    milestones, is a variant row, not pooled with ER's. On CIFAR-10 ER's own lr is constant: the old
+    runs stay in ER's row."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("pbr", artifact_location=(tmp_path / "a").as_uri())
+    er = {"method.name": "er", "data.dataset": "cifar100", "method.buffer_size": "500", "train.lr": "auto"}
+    _add_run(client, exp, {**er, "seed": "0"}, {"class_il.acc": 20}, "FINISHED", True, 1,
+             tags={"resolved.lr": "0.1"})  # recorded before the key
+    _add_run(client, exp, {**er, "train.lr_milestones": "auto", "seed": "1"}, {"class_il.acc": 30}, "FINISHED", True, 2,
+             tags={"resolved.lr": "0.1", "resolved.lr_milestones": "[0.7, 0.9]"})
+    _add_run(client, exp, {**er, "train.lr_milestones": "[0.7, 0.9]", "seed": "2"}, {"class_il.acc": 32}, "FINISHED",
+             True, 3)
+    _add_run(client, exp, {**er, "train.lr_milestones": "[]", "seed": "3"}, {"class_il.acc": 22}, "FINISHED", True, 4)
+    _add_run(client, exp, {**er, "train.lr_milestones": "[0.5]", "seed": "0"}, {"class_il.acc": 25}, "FINISHED", True, 5)
+    cifar10 = {**er, "data.dataset": "cifar10"}
+    _add_run(client, exp, {**cifar10, "seed": "0"}, {"class_il.acc": 40}, "FINISHED", True, 6)
+    _add_run(client, exp, {**cifar10, "train.lr_milestones": "auto", "seed": "1"}, {"class_il.acc": 44}, "FINISHED",
+             True, 7)
+    groups, _ = report.group_runs(report.collect_runs(uri))
+    rows = {(g.dataset, g.method): sorted(r.params["seed"] for r in g.runs) for g in groups}
+    assert rows == {("cifar100", "ER"): ["1", "2"], ("cifar100", "ER (constant lr)"): ["0", "3"],
+                    ("cifar100", "ER (lr milestones 0.5)"): ["0"], ("cifar10", "ER"): ["0", "1"]}
+    # at buffer 200 as at 500 (best_args has no 200: ER takes 500's lr and milestones)
+    at_200 = {**BASE, **er, "method.buffer_size": "200"}
+    assert report.method_label({**at_200, "train.lr_milestones": "[0.7, 0.9]"}) == "ER"
+    assert report.method_label({**at_200, "train.lr": "0.03", "train.lr_milestones": "[]"}) == "ER (lr 0.03, constant lr)"
+
+
 def test_a_run_from_before_data_subset_reads_as_the_seeded_subset_it_used(tmp_path):
     from mlflow import MlflowClient
 

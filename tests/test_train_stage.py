@@ -129,6 +129,33 @@ def test_every_method_trains_saves_each_task_and_resumes_to_the_same_bytes(workd
     assert again == summary and tree_bytes(out) == whole
 
 
+def test_a_run_under_lr_milestones_records_them_and_resumes_to_the_same_bytes(workdir, prepared):
+    """A run resumes after a finished task only, and each task's optimiser starts afresh with its lr set
+    from the epoch alone: the resumed tasks train at the uninterrupted run's lrs, to its bytes. The
+    resolved milestones and their source are recorded where lr's are (run.json, the MLflow tags)."""
+    from stages.pipeline.run_settings import trained_tags
+    from stages.pipeline.train import settings
+    from stages.runtime import resume
+
+    cfg = _cfg(prepared / "raw", method={"name": "er"}, train={"epochs": 2, "lr_milestones": [0.5]})
+    summary, _ = _train(cfg)
+    out = workdir / "artifacts/train"
+    record = json.loads((out / "run.json").read_text())
+    assert record["settings"]["lr_milestones"] == [0.5] and record["params"]["train.lr_milestones"] == [0.5]
+    tags = trained_tags(record)
+    assert tags["resolved.lr_milestones"] == [0.5] and "source.lr_milestones" not in tags  # given in params
+    auto = settings(_cfg(prepared / "raw", method={"name": "er"}))  # CIFAR-10: Mammoth schedules none
+    assert auto.values["lr_milestones"] == [] and "common protocol" in auto.tags()["source.lr_milestones"]
+    whole = tree_bytes(out)
+    shutil.rmtree(out / "task_03")
+    shutil.rmtree(out / "task_04")
+    (out / "accuracy.json").unlink()
+    resume.forget(record["fingerprint"])
+    again, log = _train(cfg)
+    assert "resuming after task 3 of 5" in log
+    assert again == summary and tree_bytes(out) == whole
+
+
 def test_same_seed_same_bytes_and_changed_settings_start_over(workdir, prepared):
     cfg = _cfg(prepared / "raw", method={"name": "er"})
     first, _ = _train(cfg)

@@ -102,6 +102,23 @@ TAU2 = Setting("tau2", float, 2.0, "temperature of the distillation", positive, 
 WEIGHT_DECAY = Setting("weight_decay", float | Auto, "auto", "the SGD's weight decay", non_negative,
                        "a number >= 0 or auto")
 MAMMOTH = "Mammoth utils/best_args.py @5bb9275"  # the DER paper's grid-searched best settings
+# Mammoth @5bb9275 trains seq-cifar100 (alone of its data sets) under datasets/seq_cifar100.py
+# get_scheduler: the SGD rebuilt at each task's start with MultiStepLR([35, 45], gamma 0.1), stepped
+# after each of its 50 epochs. Its best_args there were tuned under that schedule, so they carry it.
+SEQ_CIFAR100_SCHEDULE = {"lr_milestones": (0.7, 0.9)}
+SEQ_CIFAR100 = (f"{MAMMOTH} seq-cifar100; lr_milestones: datasets/seq_cifar100.py get_scheduler (MultiStepLR "
+                "[35, 45] of 50 epochs)")
+# The entry for buffer 200, which best_args lacks: buffer 500's values, so that a Table 2 row trains
+# alike in both its buffer columns.
+SEQ_CIFAR100_NO_200 = (f"{MAMMOTH} seq-cifar100 buffer 500 (best_args has no 200); lr_milestones: "
+                       "datasets/seq_cifar100.py get_scheduler (MultiStepLR [35, 45] of 50 epochs)")
+
+
+def milestone_drops(milestones: tuple[float, ...], epoch: int, epochs: int) -> int:
+    """How many tenths the lr has taken by (0-based) `epoch` of a task of `epochs`: a milestone f
+    falls after epoch round(f * epochs) (0.7 and 0.9 of 50: after epochs 35 and 45), as Mammoth's
+    MultiStepLR stepped after each epoch."""
+    return sum(round(f * epochs) <= epoch for f in milestones)
 
 
 class Options(SimpleNamespace):
@@ -129,9 +146,10 @@ class ContinualMethod:
     # The keys of params.yaml's `method` section this method reads (beyond name and buffer_size).
     settings: ClassVar[tuple[Setting, ...]] = ()
     # "auto" resolves to the first `best` entry for the run's dataset and buffer size, else to
-    # `defaults` (the paper's common protocol: plain SGD at lr 0.03, a linear head, no dropout).
-    defaults: ClassVar[dict[str, Any]] = {"lr": 0.03, "head": "linear", "dropout": 0.0, "weight_decay": 0.0}
-    defaults_source: ClassVar[str] = "the paper's common protocol (SGD at lr 0.03, a linear head, no dropout)"
+    # `defaults` (the paper's common protocol: plain SGD at a constant lr 0.03, a linear head, no dropout).
+    defaults: ClassVar[dict[str, Any]] = {"lr": 0.03, "lr_milestones": (), "head": "linear", "dropout": 0.0,
+                                         "weight_decay": 0.0}
+    defaults_source: ClassVar[str] = "the paper's common protocol (SGD at a constant lr 0.03, a linear head, no dropout)"
     best: ClassVar[tuple[Best, ...]] = ()
     # Whether its runs may train as lanes of one process (pbr.lockstep): set where a test holds the
     # laned runs to the separate ones (tests/test_lockstep.py). Not inherited.
@@ -236,15 +254,19 @@ class ContinualMethod:
 
     @classmethod
     def options(cls, dataset: str = "cifar10", buffer_size: int = 200, **given: Any) -> tuple[Options, dict[str, str]]:
-        """Resolved settings (lr and each declared key; "auto" or left out: the method's own value)
-        and the source of each."""
-        unknown = set(given) - {"lr", *cls.setting_keys()}
+        """Resolved settings (lr, lr_milestones and each declared key; "auto" or left out: the
+        method's own value) and the source of each."""
+        unknown = set(given) - {"lr", "lr_milestones", *cls.setting_keys()}
         if unknown:
-            raise TypeError(f"{cls.name} has no setting {sorted(unknown)}; it reads lr, {', '.join(cls.setting_keys())}")
+            raise TypeError(f"{cls.name} has no setting {sorted(unknown)}; it reads lr, lr_milestones, "
+                            f"{', '.join(cls.setting_keys())}")
         values: dict[str, Any] = {"buffer_size": buffer_size if cls.uses_buffer else 0}
         sources: dict[str, str] = {}
-        for key, default in (("lr", "auto"), *((s.key, s.default) for s in cls.settings)):
+        for key, default in (("lr", "auto"), ("lr_milestones", "auto"), *((s.key, s.default) for s in cls.settings)):
             values[key], sources[key] = cls.resolve(key, given.get(key, default), dataset, buffer_size)
+        # One spelling (a saved run's JSON gives a list): lanes and reruns compare it as a value.
+        if isinstance(values["lr_milestones"], (list, tuple)):
+            values["lr_milestones"] = tuple(float(f) for f in values["lr_milestones"])
         return Options(**values), sources
 
     # --- the two calls the loop makes (plus begin_task) ---------------------------------------
@@ -259,8 +281,22 @@ class ContinualMethod:
         self.opt = torch.optim.SGD(self.net.parameters(), lr=self.opts.lr,
                                    weight_decay=getattr(self.opts, "weight_decay", 0.0))
 
-    def begin_epoch(self, epoch: int) -> None:
+    def begin_epoch(self, epoch: int, epochs: int | None = None) -> None:
+        """Before the epoch's first step (`epochs`: the task's count). Under lr_milestones every
+        param group of the optimiser runs at its task-start lr times 0.1 per milestone passed
+        (Mammoth's MultiStepLR, restarting with each task's fresh optimiser)."""
         self.epoch = epoch
+        milestones = getattr(self.opts, "lr_milestones", ())
+        if not milestones or self.opt is None:
+            return
+        if epochs is None:
+            raise ValueError(f"{self.name}: begin_epoch needs the task's epochs under lr_milestones {milestones}")
+        drops = milestone_drops(milestones, epoch, epochs)
+        for group in self.opt.param_groups:
+            lr = group.setdefault("initial_lr", group["lr"])  # the task's own (torch's schedulers' key)
+            for _ in range(drops):  # one tenth at a time, as MultiStepLR multiplies (the same last bits)
+                lr *= 0.1
+            group["lr"] = lr
 
     def end_epoch(self, epoch: int, epochs: int) -> None:
         """After the epoch's last step (`epochs`: the task's count; PBR's mi_epochs scores here)."""

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from pbr.memory.reservoir import Reservoir
-from pbr.methods.base import ALPHA, BETA, MAMMOTH, RESERVOIR, Best, ContinualMethod
+from pbr.methods.base import (ALPHA, BETA, MAMMOTH, RESERVOIR, SEQ_CIFAR100, SEQ_CIFAR100_NO_200, SEQ_CIFAR100_SCHEDULE,
+                              Best, ContinualMethod)
 
 
 class DER(ContinualMethod):
@@ -18,8 +19,9 @@ class DER(ContinualMethod):
     best = (
         Best("cifar10", None, {"lr": 0.03, "alpha": 0.3}, f"{MAMMOTH} seq-cifar10 (buffer 200, 500, 5120)"),
         Best("tinyimagenet", None, {"lr": 0.03, "alpha": 0.1}, f"{MAMMOTH} seq-tinyimg (buffer 200, 500, 5120)"),
-        Best("cifar100", 500, {"lr": 0.03, "alpha": 0.3}, f"{MAMMOTH} seq-cifar100"),
-        Best("cifar100", 2000, {"lr": 0.03, "alpha": 0.3}, f"{MAMMOTH} seq-cifar100"),
+        Best("cifar100", 200, {"lr": 0.03, "alpha": 0.3, **SEQ_CIFAR100_SCHEDULE}, SEQ_CIFAR100_NO_200),
+        Best("cifar100", 500, {"lr": 0.03, "alpha": 0.3, **SEQ_CIFAR100_SCHEDULE}, SEQ_CIFAR100),
+        Best("cifar100", 2000, {"lr": 0.03, "alpha": 0.3, **SEQ_CIFAR100_SCHEDULE}, SEQ_CIFAR100),
     )
 
     def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
@@ -50,6 +52,7 @@ class DERpp(DER):
         Best("tinyimagenet", 200, {"lr": 0.03, "alpha": 0.1, "beta": 1.0}, f"{MAMMOTH} seq-tinyimg"),
         Best("tinyimagenet", 500, {"lr": 0.03, "alpha": 0.2, "beta": 0.5}, f"{MAMMOTH} seq-tinyimg"),
         Best("tinyimagenet", 5120, {"lr": 0.03, "alpha": 0.1, "beta": 0.5}, f"{MAMMOTH} seq-tinyimg"),
-        Best("cifar100", 500, {"lr": 0.03, "alpha": 0.1, "beta": 0.5}, f"{MAMMOTH} seq-cifar100"),
-        Best("cifar100", 2000, {"lr": 0.03, "alpha": 0.1, "beta": 0.5}, f"{MAMMOTH} seq-cifar100"),
+        Best("cifar100", 200, {"lr": 0.03, "alpha": 0.1, "beta": 0.5, **SEQ_CIFAR100_SCHEDULE}, SEQ_CIFAR100_NO_200),
+        Best("cifar100", 500, {"lr": 0.03, "alpha": 0.1, "beta": 0.5, **SEQ_CIFAR100_SCHEDULE}, SEQ_CIFAR100),
+        Best("cifar100", 2000, {"lr": 0.03, "alpha": 0.1, "beta": 0.5, **SEQ_CIFAR100_SCHEDULE}, SEQ_CIFAR100),
     )

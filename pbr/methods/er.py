@@ -3,7 +3,8 @@
 import torch
 
 from pbr.memory.reservoir import Reservoir
-from pbr.methods.base import MAMMOTH, RESERVOIR, Best, ContinualMethod
+from pbr.methods.base import (MAMMOTH, RESERVOIR, SEQ_CIFAR100, SEQ_CIFAR100_NO_200, SEQ_CIFAR100_SCHEDULE, Best,
+                              ContinualMethod)
 
 
 class ER(ContinualMethod):
@@ -17,8 +18,9 @@ class ER(ContinualMethod):
         Best("cifar10", None, {"lr": 0.1}, f"{MAMMOTH} seq-cifar10 (buffer 200, 500, 5120)"),
         Best("tinyimagenet", 200, {"lr": 0.1}, f"{MAMMOTH} seq-tinyimg"),
         Best("tinyimagenet", 500, {"lr": 0.03}, f"{MAMMOTH} seq-tinyimg"),
-        Best("cifar100", 500, {"lr": 0.1}, f"{MAMMOTH} seq-cifar100"),
-        Best("cifar100", 2000, {"lr": 0.1}, f"{MAMMOTH} seq-cifar100"),
+        Best("cifar100", 200, {"lr": 0.1, **SEQ_CIFAR100_SCHEDULE}, SEQ_CIFAR100_NO_200),
+        Best("cifar100", 500, {"lr": 0.1, **SEQ_CIFAR100_SCHEDULE}, SEQ_CIFAR100),
+        Best("cifar100", 2000, {"lr": 0.1, **SEQ_CIFAR100_SCHEDULE}, SEQ_CIFAR100),
     )
 
     def observe(self, x: torch.Tensor, y: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from pbr.memory.herding import ClassHerding
-from pbr.methods.base import MAMMOTH, WEIGHT_DECAY, Best, ContinualMethod
+from pbr.methods.base import (MAMMOTH, SEQ_CIFAR100, SEQ_CIFAR100_NO_200, SEQ_CIFAR100_SCHEDULE, WEIGHT_DECAY, Best,
+                              ContinualMethod)
 
 
 class ICaRL(ContinualMethod):
@@ -36,8 +37,9 @@ class ICaRL(ContinualMethod):
         Best("cifar10", 500, {"lr": 0.1, "weight_decay": 1e-5}, f"{MAMMOTH} seq-cifar10"),
         Best("cifar10", 5120, {"lr": 0.03, "weight_decay": 1e-5}, f"{MAMMOTH} seq-cifar10"),
         Best("tinyimagenet", None, {"lr": 0.03, "weight_decay": 1e-5}, f"{MAMMOTH} seq-tinyimg"),
-        Best("cifar100", 500, {"lr": 0.3, "weight_decay": 1e-5}, f"{MAMMOTH} seq-cifar100"),
-        Best("cifar100", 2000, {"lr": 0.3, "weight_decay": 1e-5}, f"{MAMMOTH} seq-cifar100"),
+        Best("cifar100", 200, {"lr": 0.3, "weight_decay": 1e-5, **SEQ_CIFAR100_SCHEDULE}, SEQ_CIFAR100_NO_200),
+        Best("cifar100", 500, {"lr": 0.3, "weight_decay": 1e-5, **SEQ_CIFAR100_SCHEDULE}, SEQ_CIFAR100),
+        Best("cifar100", 2000, {"lr": 0.3, "weight_decay": 1e-5, **SEQ_CIFAR100_SCHEDULE}, SEQ_CIFAR100),
     )
 
     def __init__(self, net, ctx, opts) -> None:

@@ -17,7 +17,8 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from pbr.methods.base import ALPHA, MAMMOTH, TAU2, WEIGHT_DECAY, Best, ContinualMethod, Setting
+from pbr.methods.base import (ALPHA, MAMMOTH, SEQ_CIFAR100, SEQ_CIFAR100_SCHEDULE, TAU2, WEIGHT_DECAY, Best,
+                              ContinualMethod, Setting)
 
 
 def sharpened_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -43,8 +44,8 @@ class LwF(ContinualMethod):
         Best("tinyimagenet", None, {"lr": 0.01, "alpha": 1.0, "weight_decay": 5e-4}, f"{MAMMOTH} seq-tinyimg"),
         # Mammoth's seq-cifar100 entry sets no alpha: it ran (and tuned lr and weight decay) at its
         # argparser's default, 0.5.
-        Best("cifar100", None, {"lr": 0.03, "alpha": 0.5, "weight_decay": 5e-4},
-             f"{MAMMOTH} seq-cifar100 (alpha: its default, the entry sets none)"),
+        Best("cifar100", None, {"lr": 0.03, "alpha": 0.5, "weight_decay": 5e-4, **SEQ_CIFAR100_SCHEDULE},
+             f"{SEQ_CIFAR100}; alpha: its default, the entry sets none"),
     )
 
     def __init__(self, net, ctx, opts) -> None:
@@ -68,6 +69,8 @@ class LwF(ContinualMethod):
             net.train(was_training)
         # Targets as positions among the new classes (Mammoth: labels - task * classes per task).
         target = (labels.unsqueeze(1) == new.unsqueeze(0)).float().argmax(1)
+        # At the task's lr whatever lr_milestones say: Mammoth's warm-up SGD, built in begin_task before
+        # get_scheduler, is never scheduled (nor weight-decayed).
         opt = torch.optim.SGD(net.head.parameters(), lr=self.opts.lr)
         for _ in range(self.opts.warmup_epochs):
             perm = torch.randperm(feats.shape[0], generator=ctx.generator, device=ctx.device)

@@ -5,7 +5,7 @@ paper's Table 2); elsewhere the paper's common protocol (0.03, which is also Mam
 and seq-cifar100 value).
 """
 
-from pbr.methods.base import MAMMOTH, Best, ContinualMethod
+from pbr.methods.base import MAMMOTH, SEQ_CIFAR100, SEQ_CIFAR100_SCHEDULE, Best, ContinualMethod
 
 
 class SGD(ContinualMethod):
@@ -17,5 +17,5 @@ class SGD(ContinualMethod):
     best = (
         Best("cifar10", None, {"lr": 0.1}, f"{MAMMOTH} seq-cifar10"),
         Best("tinyimagenet", None, {"lr": 0.03}, f"{MAMMOTH} seq-tinyimg"),
-        Best("cifar100", None, {"lr": 0.03}, f"{MAMMOTH} seq-cifar100"),
+        Best("cifar100", None, {"lr": 0.03, **SEQ_CIFAR100_SCHEDULE}, SEQ_CIFAR100),
     )

@@ -4,6 +4,8 @@ During a task each parameter's path integral accumulates omega += lr * g^2 (the 
 gradient and the SGD update -lr * g, with the clipped gradient); at the task's end
 Omega += omega / ((theta - theta*)^2 + xi) and theta* moves to the current weights. Every step
 adds c * sum Omega * (theta - theta*)^2; gradients are clipped to [-1, 1] before the update.
+Under lr_milestones, lr is the step's own (a tenth after each milestone); Mammoth multiplies by
+its args.lr whatever its scheduler did (it publishes no SI setting for its one scheduled data set).
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ class SI(ContinualMethod):
 
     @torch.no_grad()
     def after_step(self) -> None:
+        lr = self.opt.param_groups[0]["lr"]  # the step's (under lr_milestones, not opts.lr)
         for n, p in self.net.named_parameters():
             if p.grad is not None:
-                self.small_omega[n] += self.opts.lr * p.grad ** 2
+                self.small_omega[n] += lr * p.grad ** 2
 
     @torch.no_grad()
     def end_task(self, task: int, images: torch.Tensor, labels: torch.Tensor) -> None:

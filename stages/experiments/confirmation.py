@@ -128,9 +128,9 @@ def _keep_the_plans(runs_by_row: dict[str, list[report.RunRecord]],
     return kept, notes
 
 
-# What a row's method decides for itself: its lr (ER's rows set it), and the head and dropout its
-# `auto` resolves to (PBR's cosine head and dropout, ER's linear one without).
-ROW_OWN = ("train.lr", "model.head", "model.dropout")
+# What a row's method decides for itself: its lr and lr schedule (ER's rows set the lr), and the head
+# and dropout its `auto` resolves to (PBR's cosine head and dropout, ER's linear one without).
+ROW_OWN = ("train.lr", "train.lr_milestones", "model.head", "model.dropout")
 
 
 def _outside_the_row(r: report.RunRecord) -> dict[str, str]:

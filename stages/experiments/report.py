@@ -18,6 +18,7 @@ only when the store is read. How to read it: docs/report.md.
 
 from __future__ import annotations
 
+import ast
 import csv
 import functools
 import io
@@ -25,7 +26,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from pbr.data.facts import DATASETS as FACTS
 from pbr.errors import UserError
@@ -271,8 +272,10 @@ def resolved(params: dict[str, str]) -> dict[str, str]:
     recorded = any(spelled(cls, s.key) in params for s in cls.settings)
     given = {s.key: params.get(spelled(cls, s.key), s.before if recorded and s.before is not None else s.default)
              for s in cls.settings}
-    opts, _ = cls.options(dataset, buffer, lr=params.get("train.lr", "auto"), **given)
+    opts, _ = cls.options(dataset, buffer, lr=params.get("train.lr", "auto"),
+                          lr_milestones=_milestones(params.get("train.lr_milestones", "auto")), **given)
     out["train.lr"] = _canonical(opts.lr)
+    out["train.lr_milestones"] = _canonical_milestones(opts.lr_milestones)
     for k in cls.setting_keys():
         out[spelled(cls, k)] = _canonical(getattr(opts, k))
     return out
@@ -286,6 +289,27 @@ def _canonical(v) -> str:
         return str(float(v))
     except (TypeError, ValueError):
         return str(v)
+
+
+def _milestones(v: Any) -> Any:
+    """train.lr_milestones as MLflow keeps it ("[0.7, 0.9]", "[]", "auto") as a method takes it."""
+    if not isinstance(v, str) or v == "auto":
+        return v
+    try:
+        got = ast.literal_eval(v)
+        return tuple(float(f) for f in got)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return v  # a hand-logged value that is no list: read as it is, on a row of its own
+
+
+def _canonical_milestones(v: Any) -> str:
+    """Milestones as text, numbers as floats ("[0.7, 0.9]"; "[]": a constant lr)."""
+    return str([float(f) for f in v]) if isinstance(v, (list, tuple)) else str(v)
+
+
+def _milestones_label(v: str) -> str:
+    """How lr milestones other than the method's own read in a row label."""
+    return "constant lr" if v == "[]" else f"lr milestones {v.strip('[]').replace(', ', '/')}"
 
 
 def method_label(params: dict[str, str]) -> str:
@@ -314,6 +338,8 @@ def method_label(params: dict[str, str]) -> str:
         variants.append(head)
     if params["train.lr"] != defaults["train.lr"]:
         variants.append(f"lr {float(params['train.lr']):g}")
+    if params["train.lr_milestones"] != defaults["train.lr_milestones"]:  # a schedule is the lr's too
+        variants.append(_milestones_label(params["train.lr_milestones"]))
     return f"{cls.label} ({', '.join(variants)})" if variants else cls.label
 
 
@@ -367,8 +393,8 @@ def pin_auto(params: dict[str, str], tags: dict[str, str]) -> dict[str, str]:
     if (params.get("train.threads") == "auto" or "," in had) and had and tags.get("pbr.device", "cpu") == "cpu":
         out["train.threads"] = had
     for key, value in params.items():
-        if value == "auto" and (key.startswith("method.") or key in ("train.lr", "train.precision", "train.channels_last",
-                                                                     "model.head", "model.dropout")):
+        if value == "auto" and (key.startswith("method.") or key in ("train.lr", "train.lr_milestones", "train.precision",
+                                                                     "train.channels_last", "model.head", "model.dropout")):
             ran = tags.get(f"resolved.{key.rsplit('.', 1)[1]}")
             if ran is not None:
                 out[key] = ran

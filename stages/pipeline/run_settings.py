@@ -29,7 +29,8 @@ class RunSettings:
 
         method = METHODS[cfg.method.name]
         m, t, mo, dataset = cfg.method, cfg.train, cfg.model, cfg.data.dataset
-        opts, sources = method.options(dataset, m.buffer_size, lr=t.lr, **method_values(m))
+        opts, sources = method.options(dataset, m.buffer_size, lr=t.lr, lr_milestones=t.lr_milestones,
+                                       **method_values(m))
         head, sources["head"] = method.resolve("head", mo.head, dataset, m.buffer_size)
         dropout, sources["dropout"] = method.resolve("dropout", mo.dropout, dataset, m.buffer_size)
         problem = method.refuse({"head": head, "dropout": dropout, **vars(opts)})
@@ -40,6 +41,8 @@ class RunSettings:
             sources["hardware"] = why
         return cls({
             "method": m.name, **vars(opts), "head": head, "dropout": dropout,
+            # a list, as run.json gives it back: the tags say the same at every stage
+            "lr_milestones": list(opts.lr_milestones),
             "width": mo.width, "scale": mo.scale,
             "epochs": [cfg.epochs_of(k) for k in range(cfg.data.n_tasks)],
             "batch_size": t.batch_size, "replay_batch_size": t.replay_batch_size,
@@ -64,10 +67,11 @@ class RunSettings:
 
     def options(self, dataset: str):
         """The method's options as the run resolved them. A run saved before a setting existed gets
-        that setting's declared default, which is what it ran with."""
+        that setting's declared default, which is what it ran with (before lr_milestones: a constant lr)."""
         buffer = max(self.values["buffer_size"], 1)
         keys = {k: self.values[k] for k in self.method.setting_keys() if k in self.values}
-        opts, _ = self.method.options(dataset, buffer, lr=self.values["lr"], **keys)
+        opts, _ = self.method.options(dataset, buffer, lr=self.values["lr"],
+                                      lr_milestones=self.values.get("lr_milestones", []), **keys)
         opts.buffer_size = buffer
         return opts
 

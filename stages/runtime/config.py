@@ -56,7 +56,7 @@ class DataConfig:
 
 # Keys added after runs and prepared data were recorded, with what one that lacks the key ran with
 # (the report reads old runs, an offline sweep old prepared data, with these).
-ADDED_LATER = {"data.subset": "seeded"}
+ADDED_LATER = {"data.subset": "seeded", "train.lr_milestones": "[]"}
 
 # Data keys that do not change what is prepared: where the archive is, whether it may be fetched
 # (neither is in the manifest), how the parquet is cut.
@@ -148,6 +148,12 @@ class TrainConfig:
     replay_batch_size: int = _key(_positive, "a positive integer", default=32)
     eval_batch_size: int = _key(_positive, "a positive integer", default=128)
     lr: float | Auto = _key(_positive, "a positive number or auto", default="auto")
+    # Fractions of a task's epochs after which the lr drops tenfold, restarting each task (Mammoth's
+    # MultiStepLR: [0.7, 0.9] of 50 epochs drops after epochs 35 and 45); auto: the method's own.
+    lr_milestones: tuple[float, ...] | Auto = _key(
+        lambda v: all(0 < f < 1 for f in v) and all(a < b for a, b in zip(v, v[1:])),
+        "auto, or a list of strictly increasing fractions of a task's epochs in (0, 1) ([] for a constant lr)",
+        default="auto")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # bf16 autocast of the training step (evaluation stays fp32); channels_last memory format.
     # auto: decided from the device (stages/runtime/hardware.py), recorded in run.json and MLflow.
