@@ -1,7 +1,10 @@
 """GSS's greedy memory (Aljundi et al. 2019): samples whose gradients point away from the stored ones.
 
 Each incoming sample's gradient g (un-augmented, the learner's network in eval mode, as Mammoth's
-`gss`) is compared with the gradients G_j of a random subset of `subset` stored samples: its score
+`gss`; normalised, where Mammoth @5bb9275 takes it on the images as its buffer stores them, its
+`not_aug_inputs` of ToTensor() alone: un-normalised images the network, trained and replaying
+normalised ones, never sees otherwise, so ours is the gradient of what it trains on; the effect is
+unmeasured) is compared with the gradients G_j of a random subset of `subset` stored samples: its score
 is c = max_j cos(g, G_j) + 1, in [0, 2]; low when the sample's gradient points away from the
 stored ones. So the memory drifts toward samples whose gradients are diverse. Per-sample gradients
 come from torch.func (vmap). Who is stored (`rule`):

@@ -6,7 +6,10 @@ the teacher. Each step: cross-entropy over the classes seen so far, plus alpha t
 cross-entropy between the teacher's and the student's softmaxes over the old classes, both
 sharpened to the power 1/tau2 and renormalised (Mammoth's `smooth` and `modified_kl_div`).
 The teacher scores the same augmented batch on the fly (Mammoth stores its outputs on the
-un-augmented images once, and compares them with the student's on augmented ones); the warm-up
+un-augmented images once, and compares them with the student's on augmented ones). Its inputs are
+normalised, as the student's: Mammoth @5bb9275 takes its teacher's on the loader's
+not_aug_transform, ToTensor() alone, un-normalised images the network (trained on normalised ones)
+never sees otherwise (the effect is unmeasured). The warm-up
 runs on the un-augmented images' features, computed once. A resumed run makes the teacher again at
 the next task's start, from the saved network, as an uninterrupted one does.
 """

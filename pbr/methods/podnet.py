@@ -33,6 +33,11 @@ lr) on augmented images with momentum 0.9 and weight decay; here only the scales
 SGD, on features computed once. Training uses the paper's common protocol (plain SGD at the run's
 lr), not PODNet's schedule. New classes' proxies start random (PODNet imprints them from k-means
 of the new classes' features), and herding runs on unnormalised features (as this project's iCaRL).
+The distillation reads post-ReLU stage maps and pooled features (the ResNet18 every method shares,
+whose blocks end in a ReLU), where LT-CIL's PODNet networks leave out the ReLU at a stage's end
+(src/networks/resnet18_podnet.py builds each stage's last block with last_relu=False;
+resnet32_podnet.py, its CIFAR-100 network, every block): its POD-spatial reads pre-ReLU maps, its
+POD-flat and LSC pre-ReLU pooled features. Documented, not changed; the effect is unmeasured.
 """
 
 from __future__ import annotations
