@@ -263,6 +263,17 @@ def test_the_commands_docs_gpu_md_gives_parse(monkeypatch):
     assert seen["bench_runs_gpu.py"] >= 2 and seen["bench_routes.py"] >= 2, seen
 
 
+def test_the_sessions_command_section_opens_with_call_1():
+    """The section a GPU session follows opened with the H100 session's routes call (done, 9 of the 15
+    minutes): read literally, a session re-measured the routes and never reached call 1."""
+    import re
+
+    section = (ROOT / "docs/gpu.md").read_text().split("## The GPU session's command\n", 1)[1].split("\n## ", 1)[0]
+    on_gpu = [b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if "benchmarks/" in b]
+    assert "benchmarks/bench_runs_gpu.py" in on_gpu[0] and "--prepared" in on_gpu[0], on_gpu[0]
+    assert "bench_routes.py --seconds 480" not in section
+
+
 def test_a_merge_adds_a_phases_runs_and_refuses_other_budgets_or_data(tmp_path):
     """The eager side runs in two calls small enough to finish (runs sharing the GPU end together:
     a call over budget loses them all), the second --merge-ing the first: the phase's runs are both
