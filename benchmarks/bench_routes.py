@@ -462,10 +462,8 @@ class Routes:
         with CUDA graphs if `graphs`; `fmt` fp32, bf16, fp32+cl or bf16+cl: train.precision and
         train.channels_last as the pipeline applies them) or our lanes."""
         a = self.a
-        # At most this long for every process to be warmed up (compiled); the window starts once all are.
-        warmup = max(a.proc_warmup, a.graphs_warmup) if graphs else a.proc_warmup
-        need = warmup + a.window + 10
-        if self.left() < need:
+        warmup = warmup_cap(a, graphs)
+        if self.left() < window_need(a, graphs):
             return self.record(route, self.variant(n_lanes, graphs, fmt), max(n_lanes, 1), n_procs,
                                status="skipped", note="budget spent")
         if self.dev.type == "cuda":
@@ -517,6 +515,17 @@ class Routes:
                                note=f"{late} of {n_procs} started late: raise " + ("--graphs-warmup" if graphs else "--proc-warmup"))
         self.record(route, variant, max(n_lanes, 1), n_procs, img_s=sum(r["img_s"] for r in results),
                     note="summed over the processes")
+
+
+def warmup_cap(a, graphs: bool) -> float:
+    """At most this long for every process of a row to be warmed up (compiled); the window starts once all are."""
+    return max(a.proc_warmup, a.graphs_warmup) if graphs else a.proc_warmup
+
+
+def window_need(a, graphs: bool) -> float:
+    """The budget a multi-process row needs left to start (else it is skipped): its warm-up cap, its
+    window, 10 s for its processes' start and exit (benchmarks/gpu_call2.py sizes its call by it)."""
+    return warmup_cap(a, graphs) + a.window + 10
 
 
 def _f(v) -> str:

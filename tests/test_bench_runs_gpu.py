@@ -260,7 +260,11 @@ def test_the_commands_docs_gpu_md_gives_parse(monkeypatch):
         args = shlex.split(m.group(2).replace("$OUT", "out").replace("FILE.json", "f.json"))
         parsers[m.group(1)].parse_args(args)  # exits (SystemExit) on an option it does not have
         seen[m.group(1)] += 1
-    assert seen["bench_runs_gpu.py"] >= 2 and seen["bench_routes.py"] >= 2, seen
+    assert seen["bench_runs_gpu.py"] >= 2 and seen["bench_routes.py"] >= 1, seen
+    # Call 2, sized by its script: the number call 1's reply gives in place of LEFT.
+    [call2] = [line for line in "\n".join(blocks).splitlines() if "benchmarks/gpu_call2.py" in line]
+    args = shlex.split(call2.split("benchmarks/gpu_call2.py", 1)[1].split("2>&1")[0].replace("$OUT", "out"))
+    assert args[0] == "LEFT" and _call2().parser().parse_known_args(["400", *args[1:]])[1] == [], args
 
 
 def test_the_sessions_command_section_opens_with_call_1():
@@ -272,6 +276,66 @@ def test_the_sessions_command_section_opens_with_call_1():
     on_gpu = [b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if "benchmarks/" in b]
     assert "benchmarks/bench_runs_gpu.py" in on_gpu[0] and "--prepared" in on_gpu[0], on_gpu[0]
     assert "bench_routes.py --seconds 480" not in section
+
+
+def _call2():
+    spec2 = importlib.util.spec_from_file_location("gpu_call2", ROOT / "benchmarks/gpu_call2.py")
+    call2 = importlib.util.module_from_spec(spec2)
+    spec2.loader.exec_module(call2)
+    return call2
+
+
+@pytest.mark.parametrize("left,timeout,seconds,graphs_warmup", [
+    (700, 600, 540, 120),  # a call's most is 600 s
+    (300, 270, 210, 120),
+    (241, 211, 151, 120),  # 15 s (baseline, MPS probe) + 120 (compile cap) + 6 (window) + 10
+    (240, 210, 150, 80),
+    (201, 171, 111, 80),  # 15 + 80 + 6 + 10
+    (200, 170, 110, None),  # not even one graphs row: no call
+    (20, None, None, None)])
+def test_call_2_is_sized_by_the_seconds_call_1_left(left, timeout, seconds, graphs_warmup, monkeypatch):
+    """Call 2 came with a literal --seconds 300 and a `status` call and arithmetic between the calls,
+    where the warm machine goes back after 30 s idle. Its script takes the seconds left (call 1's
+    reply says them): timeout_s = LEFT - 30, bench_routes.py's --seconds a minute less."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_routes
+
+    got_timeout, args, said = _call2().plan(left)
+    if graphs_warmup is None:
+        assert args is None and said.endswith("no call 2; give the machine back"), said
+        return
+    a = bench_routes.parser().parse_args(args)
+    assert (got_timeout, a.seconds, a.graphs_warmup) == (timeout, seconds, graphs_warmup)
+    assert (a.routes, a.mps_processes, a.process_formats) == ("baseline,mps-graphs", "8", "bf16+cl,fp32")
+
+
+def test_call_2_quits_a_daemon_left_behind_and_runs_bench_routes_as_sized(tmp_path):
+    import os
+    import sys
+
+    left_behind = tmp_path / "tmp/pbr-mps-abc/pipe"
+    left_behind.mkdir(parents=True)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "nvidia-cuda-mps-control").write_text('#!/bin/sh\n/bin/cat >> "$MARK"\n')
+    (bin_ / "nvidia-cuda-mps-control").chmod(0o755)
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "MARK": str(tmp_path / "told"),
+           "PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}"}
+    call = [sys.executable, str(ROOT / "benchmarks/gpu_call2.py")]
+    r = subprocess.run([*call, "400", "--out", str(tmp_path / "out"), "--device", "cpu", "--width", "4"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    assert (tmp_path / "told").read_text() == "quit\n"
+    got = json.loads((tmp_path / "out/routes.json").read_text())
+    assert got["meta"]["seconds"] == 310  # 400 - 30 - 60
+    assert [(x["route"], x["status"]) for x in got["rows"]] == [("baseline", "ok"), ("mps-graphs", "skipped")]
+    # Too little left: nothing runs, said in one line, no folder; a LEFT that is no number: one line.
+    r = subprocess.run([*call, "200", "--out", str(tmp_path / "none")], capture_output=True, text=True, timeout=120,
+                       env=env)
+    assert r.returncode == 0 and "no call 2" in r.stdout and not (tmp_path / "none").exists(), r.stderr
+    r = subprocess.run([*call, "LEFT", "--out", str(tmp_path / "none")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip() == ("LEFT LEFT: give the device seconds left, a number (call 1's "
+                                                      "reply's lease.budget_left_s)")
 
 
 def test_a_merge_adds_a_phases_runs_and_refuses_other_budgets_or_data(tmp_path):
