@@ -189,6 +189,41 @@ def test_the_calls_deadline_stops_its_runs_and_says_so(tmp_path, monkeypatch):
     assert res["runs_per_hour"] == pytest.approx(3600 / res["wall_s"])
 
 
+def test_an_mps_phase_without_mps_runs_its_first_seed_only(tmp_path, monkeypatch, capsys):
+    """Where MPS does not start on the GPU, an mps phase time-slices: call 1's 4 runs at the no-MPS
+    pace (about 435 s of GPU), all ending together, could reach --seconds with none finished. It runs
+    seed 0's two and says so; the off phase keeps its runs."""
+    import signal
+    import sys
+
+    import torch
+
+    from stages.runtime import mps
+
+    fake = tmp_path / "run.py"  # each "run" ends at once
+    fake.write_text("print('{\"class_il\": 50.0}')\n")
+    monkeypatch.setattr(bench, "__file__", str(fake))
+    monkeypatch.setattr(mps, "CONTROL", "no-such-nvidia-cuda-mps-control")  # the daemon does not start
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H200")
+    monkeypatch.delenv(mps.PIPE, raising=False)
+    monkeypatch.setattr(sys, "argv", ["bench_runs_gpu.py", "--small", "--width", "4", "--seeds", "0-1", "--mps-runs",
+                                      "4", "--off-runs", "4", "--phases", "mps,off", "--out", str(tmp_path / "out")])
+    old = signal.getsignal(signal.SIGTERM)  # main() takes SIGTERM as Ctrl-C
+    try:
+        bench.main()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    got = json.loads((tmp_path / "out/runs_gpu.json").read_text())["phases"]
+    assert sorted(got["mps"]["runs"]) == ["fid-er-lr0.1-s0", "fid-pbr-s0"] and got["mps"]["runs_at_once"] == 2
+    assert got["mps"]["mps"] is False and "not on PATH" in got["mps"]["mps_note"]
+    assert got["mps"]["runs_cut"] == ("MPS did not start: seed 0's 2 runs only, of 4 (time-slicing, 4 would not end "
+                                      "within the call)")
+    ends = [v["end_s"] for v in got["mps"]["runs"].values()]
+    assert got["mps"]["slot_runs_per_hour"] == pytest.approx(2 * 3600 / (sum(ends) / 2))  # two slots, not four
+    assert len(got["off"]["runs"]) == 4 and "runs_cut" not in got["off"]
+    assert "mps: MPS did not start: seed 0's 2 runs only" in capsys.readouterr().out
+
+
 def test_a_stopped_run_is_recorded_killed_not_running(tmp_path, finished):
     """A run's process stopped with SIGTERM (the deadline, the call's own stop) marks its record
     KILLED: one left RUNNING never imports (`pbr import` waits for it to finish there)."""
