@@ -126,3 +126,23 @@ def test_a_daemon_that_starts_but_serves_no_client_is_quit_and_the_runs_time_sli
         assert shared is False and mps.PIPE not in os.environ
     assert "a CUDA client through it failed: RuntimeError: CUDA error: all CUDA-capable devices are busy" in said[0]
     assert (tmp_path / "told").read_text() == "quit\n"
+
+
+def test_a_client_that_hangs_costs_under_a_minute(no_control, tmp_path, monkeypatch):
+    """A daemon whose first client hangs: the wait came out of a device call's budget (120 s of
+    bench_runs_gpu's 540) before the runs time-sliced. Told within a minute; the daemon quits."""
+    import time
+
+    control = no_control / mps.CONTROL
+    control.write_text('#!/bin/sh\nif [ "$1" = "-d" ]; then exit 0; fi\n/bin/cat >> "$MARK"\n')
+    control.chmod(0o755)
+    monkeypatch.setenv("MARK", str(tmp_path / "told"))
+    fake = tmp_path / "client"
+    fake.mkdir()
+    (fake / "torch.py").write_text("import time\ntime.sleep(600)\n")  # a client that never gets its kernel
+    monkeypatch.setenv("PYTHONPATH", str(fake))
+    said, t = [], time.time()
+    with mps.shared("auto", True, log=said.append) as shared:
+        assert shared is False
+    assert time.time() - t < 60 and "a CUDA client through it did not finish within" in said[0], said
+    assert (tmp_path / "told").read_text() == "quit\n"

@@ -43,7 +43,11 @@ def start(folder: str) -> tuple[dict[str, str] | None, str]:
     return env, ""
 
 
-CLIENT_TIMEOUT = 120  # seconds a first CUDA client through the daemon may take (torch's import included)
+# Seconds a first CUDA client through the daemon may take, torch's import included: one process alone
+# imports torch in seconds (on the H100's freshly started machine, five of twelve at once did within
+# 16 s), and a hang spent its whole wait out of a device call's budget (120 s of bench_runs_gpu's 540)
+# before the runs time-sliced. A false alarm costs a sweep MPS only (it says so; 4 runs at once).
+CLIENT_TIMEOUT = 45
 
 
 def serves(env: dict[str, str]) -> str:
