@@ -112,14 +112,22 @@ def prepare(base: Path, a) -> dict:
     return params
 
 
-def _ends_with_parent() -> None:
-    """In a run's process before it starts (Linux): the kernel sends it SIGTERM when this script dies,
-    by SIGKILL too (a call's time limit), where its runs went on training as orphans."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
+def _ends_with_parent():
+    """The runs' preexec_fn (Linux; else None): the kernel sends a run SIGTERM when this script dies,
+    by SIGKILL too (a call's time limit), where its runs went on training as orphans. prctl is looked
+    up here, in this process: the forked child of one with threads (CUDA's) calls it only, never a
+    dlopen or an import, which could wait for ever on a lock another thread held at the fork."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import signal
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    prctl, sig = ctypes.CDLL(None, use_errno=True).prctl, int(signal.SIGTERM)
+
+    def preexec() -> None:
+        prctl(1, sig)  # PR_SET_PDEATHSIG
+
+    return preexec
 
 
 def carried(source: Path, dest: Path) -> dict:
@@ -267,6 +275,7 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict, relay: Rel
     procs = {}
     t0 = time.time()
     results: dict = {}
+    ends_with_us = _ends_with_parent()
     completed = False
     try:
         for r in runs:
@@ -277,7 +286,7 @@ def phase(name: str, base: Path, params: dict, runs: list, env: dict, relay: Rel
             # Its result line to a file of its own: a pipe left unread while other runs are watched could fill.
             with open(d / "run.log", "w") as log, open(d / "result.out", "w") as res:
                 procs[r.name] = (d, subprocess.Popen([sys.executable, __file__, "--child", str(d)], env=env,
-                                                     stdout=res, stderr=log, preexec_fn=_ends_with_parent))
+                                                     stdout=res, stderr=log, preexec_fn=ends_with_us))
         progress({}, 0.0)
         stopped = False
         while procs:

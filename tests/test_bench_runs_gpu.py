@@ -165,6 +165,33 @@ def test_a_stopped_phase_kills_its_runs_and_records_what_finished(tmp_path, monk
     assert "mps/fast [ 0 s] started" in (tmp_path / "runs.log").read_text().splitlines()
 
 
+def test_a_runs_death_signal_is_looked_up_before_the_fork(tmp_path, monkeypatch):
+    """The runs' preexec_fn dlopened libc (ctypes.CDLL) in each forked child, after the parent had
+    started CUDA's threads: a loader lock held at the fork would hang the run before it started.
+    The lookup is the parent's; the children only call prctl."""
+    import ctypes
+    import os
+    from types import SimpleNamespace
+
+    real, calls = ctypes.CDLL, tmp_path / "cdll-pids"
+
+    def spy(*args, **kw):  # in a forked child too: its pid to the file
+        with open(calls, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(ctypes, "CDLL", spy)
+    fake = tmp_path / "run.py"
+    fake.write_text("print('{\"class_il\": 50.0}')\n")
+    monkeypatch.setattr(bench, "__file__", str(fake))
+    (tmp_path / "data/prepared").mkdir(parents=True)
+    runs = [SimpleNamespace(name=n, overrides={}) for n in ("a", "b")]
+    res = bench.phase("mps", tmp_path, {"train": {}}, runs, dict(os.environ), bench.Relay(tmp_path / "runs.log"),
+                      tmp_path)
+    assert [v["class_il"] for v in res["runs"].values()] == [50.0, 50.0]
+    assert set(calls.read_text().split()) == {str(os.getpid())}
+
+
 def test_the_calls_deadline_stops_its_runs_and_says_so(tmp_path, monkeypatch):
     """--seconds: the runs still going at the deadline are stopped by the call itself (the device
     tool's kill at its limit left records RUNNING, which `pbr import` waits on for ever), the phase
