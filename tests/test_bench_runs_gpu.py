@@ -475,10 +475,12 @@ def test_a_calls_runs_end_with_it_when_it_is_killed_outright(tmp_path):
     import sys
     import time
 
+    # Its working folder (8 MB of data) under tmp_path: killed outright, the call cannot remove it.
+    (tmp_path / "tmp").mkdir()
     call = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/bench_runs_gpu.py"), "--device", "cpu", "--width",
                              "4", "--small", "--epochs", "50", "--phases", "mps", "--mps-runs", "2", "--out",
                              str(tmp_path / "out")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
 
     def runs():  # the call's run processes: its session's, started with --child
         return [p for p in os.listdir("/proc") if p.isdigit() and b"\0--child\0" in _cmdline(p) and _sid(p) == call.pid]
@@ -494,6 +496,7 @@ def test_a_calls_runs_end_with_it_when_it_is_killed_outright(tmp_path):
         while runs():
             assert time.time() < deadline, "the runs outlived the call"
             time.sleep(0.2)
+        assert [p.name[:9] for p in (tmp_path / "tmp").iterdir()] == ["pbr-runs-"]  # not left in the machine's /tmp
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(call.pid, signal.SIGKILL)
