@@ -570,11 +570,11 @@ def main() -> None:
             on = a.device == "cuda"
             if deadline is not None and time.time() >= deadline:
                 result["phases"][name] = {"runs_at_once": n, "mps": False, "skipped": "--seconds spent"}
-                write(out, result)
+                write(out, result, quiet=True)
                 continue
             if graphs and not on:
                 result["phases"][name] = {"runs_at_once": n, "mps": False, "skipped": "CUDA graphs need a GPU"}
-                write(out, result)
+                write(out, result, quiet=True)
                 continue
             p = {**params, "train": {**params["train"], "compile": "graphs" if graphs else False}}
             # MPS where it starts (auto): where it does not, the phase runs time-slicing and says so, so a
@@ -616,7 +616,7 @@ def main() -> None:
             if "wall_s" in res:
                 rates(res, len(todo), a.epochs)
             result["phases"][name] = res
-            write(out, result)
+            write(out, result, quiet=True)  # the files as each phase ends; the table printed once, below
     write(out, result)
 
 

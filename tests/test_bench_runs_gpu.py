@@ -251,6 +251,28 @@ def test_an_mps_phase_without_mps_runs_its_first_seed_only(tmp_path, monkeypatch
     assert "mps: MPS did not start: seed 0's 2 runs only" in capsys.readouterr().out
 
 
+def test_the_calls_table_is_printed_once(tmp_path, monkeypatch, capsys):
+    """It was printed as each phase ended and again at the end: two phases, three tables in the log."""
+    import signal
+    import sys
+
+    fake = tmp_path / "run.py"  # each "run" ends at once
+    fake.write_text("print('{\"class_il\": 50.0}')\n")
+    monkeypatch.setattr(bench, "__file__", str(fake))
+    monkeypatch.setattr(sys, "argv", ["bench_runs_gpu.py", "--device", "cpu", "--small", "--width", "4", "--seeds", "0-0",
+                                      "--mps-runs", "2", "--off-runs", "2", "--phases", "mps,off,mps-graphs",
+                                      "--out", str(tmp_path / "out")])
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        bench.main()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    printed = capsys.readouterr().out
+    assert printed.count("| phase | runs at once |") == 1, printed
+    assert "| mps-graphs | 2 | False | CUDA graphs need a GPU | | |" in printed  # the last phase's row in it
+    assert (tmp_path / "out/runs_gpu.md").read_text() in printed
+
+
 def test_a_stopped_run_is_recorded_killed_not_running(tmp_path, finished):
     """A run's process stopped with SIGTERM (the deadline, the call's own stop) marks its record
     KILLED: one left RUNNING never imports (`pbr import` waits for it to finish there)."""
