@@ -3,7 +3,7 @@
     python benchmarks/bench_runs_gpu.py --out $OUT      # random pixels, 10 epochs a task: speed only
     python benchmarks/bench_runs_gpu.py --device cpu --width 4 --small      # a smoke check, about a minute
     # accuracy too: the real Seq-CIFAR-10-LT, prepared here and carried (run's carry: gpu-carry)
-    pbr prepare && mkdir -p gpu-carry && tar -cJf gpu-carry/prepared.tar.xz data/prepared   # 51 MB
+    pbr prepare && mkdir -p gpu-carry && XZ_OPT=-T0 tar -cJf gpu-carry/prepared.tar.xz data/prepared  # 51 MB
     python benchmarks/bench_runs_gpu.py --prepared gpu-carry/prepared.tar.xz --epochs 50 \
         --phases mps-graphs --seeds 0-1 --mps-runs 4 --seconds 540 --out $OUT    # docs/gpu.md
 

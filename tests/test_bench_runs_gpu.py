@@ -81,8 +81,11 @@ def test_a_packed_prepared_folder_unpacks_with_its_data_settings(tmp_path):
                            "imbalance_ratio": 0.01, "n_tasks": 5}}
     (repo / "data/prepared/manifest.json").write_text(json.dumps(manifest))
     (repo / "data/prepared/task_00/train.parquet").write_bytes(b"shard bytes")
-    # The command bench_runs_gpu.py's docstring gives.
-    subprocess.run(["tar", "-cJf", "prepared.tar.xz", "data/prepared"], cwd=repo, check=True)
+    # The command docs/gpu.md gives (xz on every core: -T0 packs in blocks), to a folder of ours.
+    [pack] = [line for line in (ROOT / "docs/gpu.md").read_text().splitlines() if " tar -cJf " in line]
+    pack = pack.split("&& ", 2)[-1].replace("gpu-carry/", "")
+    assert pack.startswith("XZ_OPT=-T0 tar -cJf"), pack
+    subprocess.run(pack, shell=True, cwd=repo, check=True)
     for source, where in ((repo / "prepared.tar.xz", tmp_path / "unpacked"), (repo / "data/prepared", tmp_path / "linked")):
         data = bench.carried(source, where / "data" / "prepared")
         # The machine-local keys are not the runs' business; the rest says what they train on.
