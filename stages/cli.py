@@ -365,7 +365,27 @@ INTERRUPTED = ("interrupted: what finished is kept (a stage's finished tasks too
                "or `dvc exp run` resumes")
 
 
+def _run_the_workspaces_code() -> None:
+    """Re-exec under this interpreter as `python -m stages.cli` where the folder a command runs in
+    holds the project's code and it is not the code imported. The `pbr` script imports the package
+    from where it was installed (`pip install -e .` in the checkout), so a queued or `--temp` DVC
+    experiment, run in its copy under .dvc/tmp/exps/, ran the checkout's code as it was at that
+    moment, and dvc.lock and the run's code hash named code that did not run."""
+    here = Path.cwd()
+    if not ((here / "stages" / "cli.py").is_file() and (here / "pbr").is_dir()):
+        return
+    try:
+        here = here.resolve()
+        if Path(__file__).resolve().parents[1] == here or os.environ.get("PBR_REEXEC") == str(here):
+            return  # the workspace's code, or it cannot be put first (PYTHONSAFEPATH): no loop
+    except OSError:
+        return
+    os.environ["PBR_REEXEC"] = str(here)  # -m puts this folder first on the path
+    os.execv(sys.executable, [sys.executable, "-m", "stages.cli", *sys.argv[1:]])
+
+
 def main() -> None:
+    _run_the_workspaces_code()
     # SIGTERM (a SLURM time limit or preemption, `kill`, `timeout`, `docker stop`) and SIGHUP (a closed
     # terminal) stop a command as Ctrl-C does: its MLflow run says KILLED at once, on any machine,
     # rather than RUNNING until a later stage on the same host marks it. Only where the signal has its

@@ -64,3 +64,33 @@ def test_every_import_of_our_own_modules_names_what_they_hold():
                         except ImportError:
                             missing.append(f"{f.relative_to(ROOT)}:{node.lineno} from {node.module} import {a.name}")
     assert not missing, "\n".join(missing)
+
+
+def test_pbr_runs_the_code_of_the_folder_it_runs_in(tmp_path):
+    """A queued or --temp DVC experiment runs its stages in a copy under .dvc/tmp/exps/; the `pbr`
+    script imported the installed checkout's code instead, so dvc.lock and the run's code hash named
+    code that did not run. A copy's own `stages` must be the one imported (marked here)."""
+    import shutil
+    import subprocess
+
+    from project import BIN, COPY, env
+
+    ws = tmp_path / ".dvc" / "tmp" / "exps" / "abc"
+    ws.mkdir(parents=True)
+    for name in COPY:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, ws / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy(src, ws / name)
+    marker = tmp_path / "imported"
+    with open(ws / "stages" / "__init__.py", "a") as f:
+        f.write(f"\nopen({str(marker)!r}, 'w').write(__file__)\n")
+    r = subprocess.run([str(BIN / "pbr"), "--help"], cwd=ws, env=env(), capture_output=True, text=True)
+    assert r.returncode == 0 and "Commands" in r.stdout, r.stderr
+    assert marker.read_text() == str(ws / "stages" / "__init__.py")
+    # Under PYTHONSAFEPATH the folder cannot be put first: the installed code runs, once, no loop.
+    marker.unlink()
+    r = subprocess.run([str(BIN / "pbr"), "--help"], cwd=ws, env={**env(), "PYTHONSAFEPATH": "1"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "Commands" in r.stdout and not marker.exists(), r.stderr
