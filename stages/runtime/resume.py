@@ -5,9 +5,9 @@ replaces artifacts/train, `persist` or not, and with it the tasks a killed run h
 train stage also links every finished task into `<repo>/.pbr/resume/<fingerprint>/` (git-ignored,
 not a DVC output; shared by the `dvc queue` workspaces, which live under the same repository), and
 takes them back from there when its output folder holds fewer of them. A trained run's folder goes
-when its scoring or evaluation starts (DVC starts either only once train is committed), not when
-training ends: DVC commits the train stage's outputs after the
-process exits, and a `dvc exp run` killed in between would otherwise retrain from the first task.
+when its evaluation ends (stages/pipeline/trained.py), not when training ends: DVC commits the
+train stage's outputs after the process exits, and a `dvc exp run` killed in between, or while
+scoring (which a rerun's forced checkout undoes too), would otherwise retrain from the first task.
 Deleting `.pbr/` at any time loses nothing else. Hard links: no second copy on disk.
 The score stage keeps each scored task in a store of its own fingerprint the same way (stages/pipeline/score.py).
 """
