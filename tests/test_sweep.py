@@ -85,8 +85,36 @@ def test_a_dry_run_command_pastes_into_a_shell():
     words = shlex.split(line)
     assert words[:6] == ["dvc", "exp", "run", "--queue", "-n", "fid-pbr-s0-proxy"]
     assert words[6::2] == ["-S"] * len(run.set_params())
-    assert words[7::2] == run.set_params() and "data.root=/data/bob's disk" in words
+    assert words[7::2] == run.set_params() and "data.root='/data/bob\\'s disk'" in words
     assert "-S method.name=pbr -S model.width=8 -S 'train.epochs=[4, 8, 16, 40, 80]' " in line
+    assert """-S "data.root='/data/bob\\\\'s disk'" """ in line
+
+
+# Roots Hydra's override grammar (DVC's -S) lexes otherwise bare: ~ # = fail to parse, a comma is a
+# sweep of two experiments, a quote or a backslash before one is an escape, ${...} an interpolation.
+AWKWARD_ROOTS = ["~/raw", "/x/raw,2", "/x/a#b", "/x/a=b", "/x/my data", "/x/bob's", '/x/q"x', "C:\\data\\",
+                 "/x/it\\'s", "/x/${HOME}", "/x/1.5", "true", "null", "/x/$(echo hi)!"]
+
+
+@pytest.mark.parametrize("root", AWKWARD_ROOTS)
+def test_a_string_value_reaches_params_yaml_exactly_through_dvc(tmp_path, root):
+    """DVC parses each -S with Hydra, sweeps over a comma, and writes params.yaml: the value it writes
+    is the one given, in one experiment; the dry-run line reads back as the same -S words."""
+    from dvc.utils.hydra import apply_overrides, get_hydra_sweeps
+
+    from stages.runtime.config import load_config
+
+    run = _plan("families", extra={"data.root": root}, only={"method.name": ["sgd"], "data.imbalance_ratio": [1.0]},
+                budget="quick")[0]
+    assert len(get_hydra_sweeps({"params.yaml": run.set_params()})) == 1
+    (tmp_path / "params.yaml").write_text(PARAMS.read_text())
+    apply_overrides(str(tmp_path / "params.yaml"), run.set_params())
+    assert load_config(tmp_path / "params.yaml").data.root == root
+    import subprocess
+
+    pasted = subprocess.run(["bash", "-c", 'dvc() { printf "%s\\0" "$@"; }; ' + run.command()], capture_output=True,
+                            text=True, check=True).stdout  # bash's own reading of the line
+    assert pasted.split("\0")[6:-1:2] == run.set_params()
 
 
 @pytest.mark.parametrize("args,msg", [

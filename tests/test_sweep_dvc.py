@@ -131,3 +131,42 @@ def test_a_run_whose_worker_was_killed_is_queued_again(tmp_path):
     finally:
         dvc(repo, "queue", "stop", check=False)
         _kill_everything_under(repo.resolve())
+
+
+def _queued_roots(repo) -> list[str]:
+    """data.root in the params.yaml of each experiment waiting in the queue."""
+    import subprocess
+
+    import yaml
+    from dvc.repo import Repo
+
+    with Repo(str(repo)) as r:
+        revs = [e.stash_rev for e in r.experiments.celery_queue.iter_queued()]
+    return [yaml.safe_load(subprocess.run(["git", "show", f"{rev}:params.yaml"], cwd=repo, capture_output=True,
+                                          text=True, check=True).stdout)["data"]["root"] for rev in revs]
+
+
+def test_an_awkward_data_root_queues_one_experiment_with_it(tmp_path, pbr_main, monkeypatch):
+    """-S data.root=PATH reaches DVC's -S (Hydra's grammar) quoted: a ~, # or = in the path failed to
+    parse (a 96-line traceback), and a comma queued two experiments (roots /x/raw and 2) while pbr
+    said one. The --dry-run line pasted into a shell queues the same."""
+    repo = make_project(tmp_path / "repo", data__download=True)
+    sweep = ["sweep", "families", "--budget", "quick", "--seeds", "1", "--only", "method.name=sgd",
+             "--only", "data.imbalance_ratio=1.0"]
+    for root in ["~/raw", "/x/raw,2", "/x/a#b", "/x/a=b", "/x/my data", "/x/bob's", '/x/q"x', "C:\\data\\"]:
+        r = pbr_main(*sweep, "-S", f"data.root={root}", cwd=repo)
+        assert r.returncode == 0 and "families: 1 run queued" in r.stderr, r.stderr
+        assert _queued_roots(repo) == [root]
+        dvc(repo, "queue", "remove", "--queued")
+        line = pbr_main(*sweep, "-S", f"data.root={root}", "--dry-run", cwd=repo).stdout.strip()
+        run(line, repo)  # through bash, as pasted
+        assert _queued_roots(repo) == [root], line
+        dvc(repo, "queue", "remove", "--queued")
+    # Whatever else DVC's queueing raises is one line, not its traceback.
+    from stages.experiments import sweep as stage
+
+    monkeypatch.setattr(stage.Run, "set_params", lambda self: ["data.root=~/raw"])  # the old unquoted value
+    r = pbr_main(*sweep, cwd=repo)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+        "error: dvc could not queue c10-sgd-ord-ir1-s0-quick: OverrideParseException: LexerNoViableAltException: "
+        "data.root=~/raw (its -S values: pbr sweep --dry-run)"), r.stderr

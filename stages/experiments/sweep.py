@@ -13,6 +13,7 @@ Run the queue with `dvc queue start -j N`, then `pbr report` builds the tables f
 from __future__ import annotations
 
 import hashlib
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,16 +221,44 @@ class Run:
     cost: float = 0.0          # expected cost, relative (expected_cost): what --shard balances
 
     def set_params(self) -> list[str]:
-        return [f"{k}={_yaml(v)}" for k, v in self.overrides.items()]
+        return [f"{k}={_override(v)}" for k, v in self.overrides.items()]
 
     def command(self) -> str:
         """The line to paste into a shell: each value quoted only where the shell needs it."""
-        sets = " ".join(f"-S {shlex.quote(s)}" for s in self.set_params())
+        sets = " ".join(f"-S {_shell(s)}" for s in self.set_params())
         return f"dvc exp run --queue -n {shlex.quote(self.name)} {sets}"
 
 
-def _yaml(v: Any) -> str:
+# A string Hydra's override grammar (what `dvc exp run -S` parses) reads back as itself when bare: no
+# character it lexes otherwise (~ # = , space quotes ...), and not a number, bool or null.
+_BARE = re.compile(r"[A-Za-z_/][A-Za-z0-9_/.\-]*")
+_NOT_BARE = {"true", "false", "null", "inf", "nan"}
+
+
+def _override(v: Any) -> str:
+    """A value as DVC's -S takes it (Hydra's override grammar). A string is a quoted Hydra string unless
+    bare is the same: bare, `data.root=~/raw` fails to parse and `data.root=/x/raw,2` is a sweep of
+    two experiments."""
+    if isinstance(v, str):
+        if _BARE.fullmatch(v) and v.lower() not in _NOT_BARE:
+            return v
+        # OmegaConf would resolve ${...} when DVC applies it: \${ is a literal ${ (a backslash before it
+        # doubled). In the quotes, a quote is \' and the backslashes before a quote or the end are doubled.
+        v = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", v)
+        return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), v) + "'"
+    if isinstance(v, list):
+        return "[" + ", ".join(map(_override, v)) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_override(x)}" for k, x in v.items()) + "}"
     return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("\n...").strip()
+
+
+def _shell(s: str) -> str:
+    """`s` as one shell word: bare where it can be, else in single quotes, else (a Hydra-quoted value,
+    which holds one) in double quotes."""
+    if "'" not in s or "!" in s:
+        return shlex.quote(s)
+    return '"' + re.sub(r'([\\"$`])', r"\\\1", s) + '"'
 
 
 def parse_assignments(items: list[str], option: str, many: bool = False) -> dict[str, Any]:
@@ -644,7 +673,13 @@ def queue(runs: list[Run], log=print, before=None) -> tuple[int, int]:
                 if r.name in have:
                     skipped += 1
                     continue
-                repo.experiments.run(queue=True, name=r.name, params=r.set_params())
+                try:
+                    repo.experiments.run(queue=True, name=r.name, params=r.set_params())
+                except Exception as e:  # Hydra's parser on a -S value (a 90-line traceback), or any other
+                    done = f" ({queued} queued before it)" if queued else ""
+                    why = (str(e).strip().splitlines() or [""])[0]
+                    raise UserError(f"dvc could not queue {r.name}{done}: {type(e).__name__}: {why} (its -S values: "
+                                    "pbr sweep --dry-run)") from None
                 queued += 1
                 log(f"queued {r.name}")
     except DvcException as e:
