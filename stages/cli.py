@@ -464,6 +464,11 @@ def _main() -> None:
                   "exists)", file=sys.stderr)
         sys.exit(2)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        if type(e).__name__ == "InductorError":  # torch.compile's kernels could not be built (no C++ compiler, ...)
+            why = (str(e).strip().splitlines() or [""])[0]
+            print(f"error: train.compile: torch.compile could not build the model ({why}); set train.compile: false "
+                  "(what finished is kept, and the same command resumes)", file=sys.stderr)
+            sys.exit(2)
         if not _out_of_memory(e):
             raise
         print("error: out of memory while it ran (" + " ".join(str(e).split())[:120] + "); lower train.batch_size, "

@@ -142,11 +142,11 @@ def _project(path, raw_root, **sections):
     return path
 
 
-def _pbr(repo, stage):
+def _pbr(repo, stage, **more_env):
     """The real `pbr STAGE` process (its imports, its stderr, its exit status)."""
     import os
 
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}"}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}", **more_env}
     return subprocess.run([sys.executable, "-m", "stages.cli", stage], cwd=repo, capture_output=True, text=True,
                           env=env, timeout=300)
 
@@ -729,6 +729,39 @@ def test_running_out_of_memory_mid_run_is_one_line(tmp_path, prepared, pbr, monk
     monkeypatch.setattr(train, "run", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
     with pytest.raises(RuntimeError, match="shape mismatch"):
         pbr(repo, "train")
+
+
+def test_compile_on_a_cpu_without_a_cxx_compiler_is_refused_before_the_saved_run_is_touched(tmp_path, trained):
+    """Inductor needs a C++ compiler for its CPU kernels: without one the run said "starting over",
+    deleted the finished tasks, and failed at the first step 40 s later in a 396-line traceback."""
+    import yaml
+
+    from project import tree_bytes
+
+    repo = _copy_trained(trained, tmp_path / "repo")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"]["compile"], params["model"]["width"] = True, 8
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    before = tree_bytes(repo / "artifacts")
+    _one_line_error(_pbr(repo, "train", CXX="/nonexistent/g++"),
+                    "error: train.compile needs a C++ compiler on a CPU (none found: /nonexistent/g++ does not run; "
+                    "set CXX to one) or set train.compile: false")
+    assert tree_bytes(repo / "artifacts") == before and not (repo / "mlflow.db").exists()
+
+
+def test_a_failed_compile_is_one_line(tmp_path, prepared, pbr, monkeypatch):
+    """The backstop for whatever else stops inductor building the kernels mid-run."""
+    from torch._inductor.exc import InductorError, InvalidCxxCompiler
+
+    from stages.pipeline import train
+
+    def fails(*a, **k):
+        raise InductorError(InvalidCxxCompiler("/usr/bin/g++"), None)
+
+    monkeypatch.setattr(train, "run", fails)
+    _one_line_error(pbr(_copy(prepared, tmp_path / "repo"), "train"),
+                    "error: train.compile: torch.compile could not build the model (InvalidCxxCompiler: ",
+                    "set train.compile: false")
 
 
 def test_a_path_outside_the_pipeline_that_cannot_be_made_is_no_pipeline_file(tmp_path, pbr_main):

@@ -295,11 +295,28 @@ def _build_or_refuse(s: RunSettings, manifest: dict, device, gen, init_gen):
 
 
 def check(cfg: Config) -> None:
-    """What the stage refuses before it starts: no prepared data, or data prepared with other settings."""
+    """What the stage refuses before it starts: no prepared data, data prepared with other settings,
+    or a compile on a CPU with no C++ compiler."""
     from pbr.data.shards import load_manifest
     from stages.runtime.config import refuse_stale
 
     refuse_stale(cfg, load_manifest(paths.PREPARED))
+    if cfg.train.compile is True and resolve_device(cfg.train.device).type == "cpu":
+        _refuse_without_compiler()
+
+
+def _refuse_without_compiler() -> None:
+    """Inductor builds its CPU kernels with a C++ compiler (CXX, else g++): without one the first
+    step failed after the saved tasks were replaced, in a 400-line traceback. Inductor's own search
+    (`<compiler> --version`), so that what it finds here is what it uses."""
+    from torch._inductor import config, cpp_builder, exc
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except exc.InvalidCxxCompiler:
+        tried = ", ".join(c for c in config.cpp.cxx if c) if isinstance(config.cpp.cxx, (list, tuple)) else config.cpp.cxx
+        raise UserError(f"train.compile needs a C++ compiler on a CPU (none found: {tried} does not run; set CXX "
+                        "to one) or set train.compile: false") from None
 
 
 def run(cfg: Config, log=print, tracker=None) -> dict:
