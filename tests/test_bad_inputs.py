@@ -35,7 +35,7 @@ INVALID = {
     "train.device": ["tpu", 0],
     "train.precision": ["fp16"],
     "train.channels_last": ["yes"],
-    "train.threads": [0, -1, 1.5, "many"],
+    "train.threads": [0, -1, 1.5, "many", 1025, 100000],  # 100000 failed reading the data as if damaged
     "train.compile": ["yes", 1],
     "model.width": [0, -1, 8.5, 2**40],
     "model.head": ["mlp"],
@@ -256,6 +256,23 @@ def test_buffer_larger_than_the_stream(tmp_path, prepared, pbr):
     repo = _copy(prepared, tmp_path, method={"name": "er", "buffer_size": 100000})
     _one_line_error(pbr(repo, "train"), "method.buffer_size = 100000 is larger than the whole training stream")
     assert not (repo / "artifacts").exists() and not _leftovers(repo)
+
+
+def test_more_threads_than_cores_trains_with_a_warning(tmp_path, prepared, pbr, monkeypatch):
+    import torch
+
+    from stages.runtime import threads
+
+    monkeypatch.setattr(threads, "available_cores", lambda: 1)
+    repo = _copy(prepared, tmp_path, train={"threads": 2})
+    was = torch.get_num_threads()
+    try:
+        r = pbr(repo, "train")
+    finally:
+        torch.set_num_threads(was)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ("warning: train.threads = 2 is more than the 1 core(s) this process may use: the threads take turns on "
+            "them (slower); use at most 1, or auto") in r.stdout + r.stderr
 
 
 def test_training_output_that_cannot_be_written(tmp_path, prepared, pbr):

@@ -331,6 +331,9 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     n_tasks = manifest["n_tasks"]
     device = resolve_device(cfg.train.device)
     n_threads = threads.configure(cfg.train.threads)
+    if cfg.train.threads != "auto" and n_threads > (cores := threads.available_cores()):
+        log(f"warning: train.threads = {n_threads} is more than the {cores} core(s) this process may use: the "
+            f"threads take turns on them (slower); use at most {cores}, or auto")
     s = settings(cfg, device)
     out = paths.TRAIN
     _refuse(cfg, manifest, s, device)

@@ -30,6 +30,9 @@ def _key(check: Callable[[Any], bool] | None = None, allowed: str = "", **kw) ->
     return field(metadata={"check": check, "allowed": allowed}, **kw)
 
 
+MAX_THREADS = 1024  # train.threads: more than any machine's cores (OpenMP and Arrow fail far above it)
+
+
 def _positive(v) -> bool:
     return v > 0
 
@@ -164,7 +167,9 @@ class TrainConfig:
     # graphs (mode reduce-overhead), which remove a GPU step's launch cost (docs/gpu.md).
     compile: bool | Literal["graphs"] = _key(None, "true, false or graphs (CUDA graphs, on a GPU)", default=False)
     # CPU threads of torch: auto = the cores, shared among live `dvc queue` workers (stages/runtime/threads.py).
-    threads: int | Auto = _key(_positive, "a positive integer or auto", default="auto")
+    # Capped: 100000 failed in Arrow's reader as if the data were damaged, 20000 in libgomp's thread creation.
+    threads: int | Auto = _key(lambda v: 0 < v <= MAX_THREADS, f"a positive integer up to {MAX_THREADS}, or auto",
+                               default="auto")
 
 
 @dataclass(frozen=True)
