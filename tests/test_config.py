@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from pbr.errors import UserError
 from pbr.methods import METHODS
 from stages.runtime.config import Config, ConfigError, from_dict, load_config
 
@@ -269,7 +270,8 @@ def test_params_read_as_dvc_writes_and_reads_them(tmp_path):
 
 @pytest.mark.parametrize("text", ["1e-05", ".5", "+.5", "1.", "1.e5", "-3", "+12", "010", "0777", "0o17", "0x1F",
                                   "-0x1F", "0b101", "5_120", "1_000.5", "1_0e1_0", "-.inf", ".NaN", "yes", "on",
-                                  "True", "false", "1:30", "2026-11-28", "~", "null", "0b", "0x"])
+                                  "True", "false", "1:30", "2026-11-28", "~", "null", "0b", "0x", "0x_1F", "0b1_",
+                                  "0o_7", "-0x_f"])
 def test_a_value_reads_as_dvc_reads_it(text):
     """DVC reads params.yaml with ruamel: every value reads to the same Python value and type here."""
     from ruamel.yaml import YAML
@@ -278,3 +280,25 @@ def test_a_value_reads_as_dvc_reads_it(text):
 
     dvc, ours = YAML(typ="safe").load(f"a: {text}")["a"], read_yaml(f"a: {text}")["a"]
     assert type(ours) is type(dvc) and (ours == dvc or (ours != ours and dvc != dvc)), (ours, dvc)
+
+
+@pytest.mark.parametrize("text", ["0x_", "0b_", "0o_", "-0x_", "+0b__"])
+def test_a_radix_prefix_without_a_digit_is_no_integer(tmp_path, pbr_main, text):
+    """`0x_` read as an integer failed in int() (a 159-line traceback; ruamel's own reading of it, DVC's,
+    fails the same way): it is a string, which the key then refuses in one line."""
+    (tmp_path / "bad.yaml").write_text(f"seed: {text}\n")
+    r = pbr_main("train", "-p", "bad.yaml", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, f"error: bad.yaml: seed = '{text}' is not allowed; it must be an integer "
+                                            "in [0, 2^32) (the training seed)\n")
+
+
+def test_a_scalar_that_reads_as_no_date_is_one_line(tmp_path, pbr_main):
+    """YAML reads 2026-13-45 as a date, which datetime refuses with a ValueError (as DVC's ruamel does)."""
+    from stages.experiments.sweep import parse_assignments
+
+    (tmp_path / "bad.yaml").write_text("seed: 2026-13-45\n")
+    r = pbr_main("train", "-p", "bad.yaml", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, "error: bad.yaml: a value cannot be read (month must be in 1..12); fix or "
+                                            "quote it\n")
+    with pytest.raises(UserError, match=r"^-S 'seed=2026-13-45': the value is not valid YAML$"):
+        parse_assignments(["seed=2026-13-45"], "-S")

@@ -274,7 +274,7 @@ def parse_assignments(items: list[str], option: str, many: bool = False) -> dict
                 out.setdefault(key.strip(), []).extend(read_yaml(v) for v in value.split(","))
             else:
                 out[key.strip()] = read_yaml(value)
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError):  # ValueError: a scalar read as a date or number that is none (2026-13-45)
             raise UserError(f"{option} {item!r}: the value is not valid YAML") from None
     return out
 

@@ -22,6 +22,8 @@ def read_params(path: Path, error: type[UserError] = UserError) -> Any:
         return read_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise error(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except ValueError as e:  # a scalar the resolver took for a number its constructor cannot build
+        raise error(f"{path}: a value cannot be read ({e}); fix or quote it") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -55,7 +57,9 @@ def _unique_key_loader():
     Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                                  list("tTfF"))
     Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0b[01_]+|0o[0-7_]+|0x[0-9a-fA-F_]+|[0-9][0-9_]*)$"),
+        "tag:yaml.org,2002:int",
+        # A digit after the prefix: `0x_` is no integer (ruamel's own reading of it fails in int()).
+        re.compile(r"^[-+]?(?:0b_*[01][01_]*|0o_*[0-7][0-7_]*|0x_*[0-9a-fA-F][0-9a-fA-F_]*|[0-9][0-9_]*)$"),
         list("-+0123456789"))
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
