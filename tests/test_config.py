@@ -302,3 +302,19 @@ def test_a_scalar_that_reads_as_no_date_is_one_line(tmp_path, pbr_main):
                                             "quote it\n")
     with pytest.raises(UserError, match=r"^-S 'seed=2026-13-45': the value is not valid YAML$"):
         parse_assignments(["seed=2026-13-45"], "-S")
+
+
+def test_a_yaml_version_directive_other_than_1_2_is_refused(tmp_path, pbr_main):
+    """Under `%YAML 1.1` DVC's ruamel reads `seed: 010` as 8, pbr read 10: two seeds for one run."""
+    from ruamel.yaml import YAML
+
+    text = "%YAML 1.1\n---\nseed: 010\n"
+    assert YAML(typ="safe").load(text) == {"seed": 8}  # DVC's reading
+    (tmp_path / "bad.yaml").write_text(text)
+    r = pbr_main("train", "-p", "bad.yaml", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, "error: bad.yaml: a %YAML 1.1 directive, which DVC reads the file by (in "
+                                            "1.1, 010 is 8 and yes is true) and pbr does not (YAML 1.2 always); "
+                                            "remove the line\n")
+    # 1.2 is how both read it anyway
+    (tmp_path / "ok.yaml").write_text("%YAML 1.2\n---\nseed: 010\n")
+    assert load_config(tmp_path / "ok.yaml").seed == 10

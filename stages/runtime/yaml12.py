@@ -24,6 +24,9 @@ def read_params(path: Path, error: type[UserError] = UserError) -> Any:
         raise error(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     except ValueError as e:  # a scalar the resolver took for a number its constructor cannot build
         raise error(f"{path}: a value cannot be read ({e}); fix or quote it") from None
+    except VersionDirective as e:
+        raise error(f"{path}: a %YAML {e.version} directive, which DVC reads the file by (in 1.1, 010 is 8 and yes "
+                    "is true) and pbr does not (YAML 1.2 always); remove the line") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -33,9 +36,25 @@ def read_params(path: Path, error: type[UserError] = UserError) -> Any:
         raise error(f"{path}: not valid YAML{where}; fix the syntax") from None
 
 
+class VersionDirective(yaml.YAMLError):
+    """A `%YAML 1.1` directive: ruamel (DVC) then reads the file as YAML 1.1 (`010` is 8, `yes` true),
+    this loader as 1.2 whatever it says."""
+
+    def __init__(self, version: tuple[int, int]):
+        self.version = ".".join(map(str, version))
+        super().__init__(f"a %YAML {self.version} directive")
+
+
 def read_yaml(text: str) -> Any:
     """YAML text as this project and DVC read it (`_unique_key_loader`); raises yaml.YAMLError."""
-    return yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 (a SafeLoader)
+    loader = _unique_key_loader()(text)
+    try:
+        data = loader.get_single_data()
+        if loader.yaml_version not in (None, (1, 2)):
+            raise VersionDirective(loader.yaml_version)
+        return data
+    finally:
+        loader.dispose()
 
 
 def _unique_key_loader():
