@@ -318,3 +318,15 @@ def test_a_yaml_version_directive_other_than_1_2_is_refused(tmp_path, pbr_main):
     # 1.2 is how both read it anyway
     (tmp_path / "ok.yaml").write_text("%YAML 1.2\n---\nseed: 010\n")
     assert load_config(tmp_path / "ok.yaml").seed == 10
+
+
+@pytest.mark.parametrize("text,said", [
+    ("train:\n  lr: 0.1\n  epochs:2\n", "at line 3: could not find expected ':'"),  # was line 4 of 3
+    ("train:\n\tlr: 0.1\n", "at line 2: found character '\\t' that cannot start any token"),
+    ("data: [unclosed\n", "at line 1: expected ',' or ']', but got '<stream end>'"),
+    ("a: 1\n---\nb: 2\n", "at line 2: expected a single document in the stream, but found another document"),
+])
+def test_a_yaml_syntax_error_says_the_parsers_reason_at_its_line(tmp_path, pbr_main, text, said):
+    (tmp_path / "params.yaml").write_text(text)
+    r = pbr_main("train", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, f"error: params.yaml: not valid YAML {said}; fix the syntax\n")

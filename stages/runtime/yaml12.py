@@ -18,8 +18,10 @@ def read_params(path: Path, error: type[UserError] = UserError) -> Any:
     valid YAML (a key given twice included) raises `error` in one line naming it."""
     if not path.is_file():
         raise error(f"{path}: no such parameters file; run from the project root or pass --params")
+    text = None
     try:
-        return read_yaml(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        return read_yaml(text)
     except UnicodeDecodeError as e:
         raise error(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     except ValueError as e:  # a scalar the resolver took for a number its constructor cannot build
@@ -29,11 +31,16 @@ def read_params(path: Path, error: type[UserError] = UserError) -> Any:
                     "is true) and pbr does not (YAML 1.2 always); remove the line") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or ""
+        if mark is not None and mark.index >= len(text.rstrip()) and getattr(e, "context_mark", None) is not None:
+            # Found missing at the end of the file (a line past its last): where what is unfinished began.
+            mark = e.context_mark
+        where = f" at line {min(mark.line + 1, len(text.splitlines()) or 1)}" if mark else ""
+        problem = (getattr(e, "problem", None) or "").strip()
+        if problem.startswith("but ") and getattr(e, "context", None):  # "expected a single document ..., but found"
+            problem = f"{e.context}, {problem}"
         if problem.startswith("the key"):
             raise error(f"{path}: {problem}{where}; keep one of them") from None
-        raise error(f"{path}: not valid YAML{where}; fix the syntax") from None
+        raise error(f"{path}: not valid YAML{where}{': ' * bool(problem)}{problem}; fix the syntax") from None
 
 
 class VersionDirective(yaml.YAMLError):
