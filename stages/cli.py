@@ -6,6 +6,7 @@ Heavy imports (torch, pyarrow, mlflow) happen inside the commands so `pbr --help
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -41,7 +42,17 @@ def _stage(name: str, params: Path) -> None:
     # FAILED run (nor a store made for it).
     module.check(cfg)
     with tracking.stage_run(name, cfg.flat(), params) as run:
-        module.run(cfg, tracker=run)
+        try:
+            module.run(cfg, tracker=run)
+        except OSError as e:
+            # A write's own error on a full disk names no file (Python's f.write, Arrow's writer): the
+            # folder the stage writes is the disk to free.
+            if e.filename is None and e.errno in (errno.ENOSPC, errno.EDQUOT):
+                from stages.runtime import paths
+
+                writes = {"prepare": paths.PREPARED, "train": paths.TRAIN, "score": paths.SCORE, "evaluate": paths.REPORTS}
+                e.filename, e.strerror = str(writes[name]), os.strerror(e.errno)
+            raise
 
 
 @app.command()

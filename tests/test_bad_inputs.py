@@ -275,6 +275,35 @@ def test_more_threads_than_cores_trains_with_a_warning(tmp_path, prepared, pbr, 
             "them (slower); use at most 1, or auto") in r.stdout + r.stderr
 
 
+def test_a_full_disk_names_the_folder_being_written(tmp_path, raw, prepared, pbr, monkeypatch):
+    """A write's own OSError on a full disk names no file (Python's f.write, Arrow's writer, as on a
+    2 MB tmpfs): the line said only "No space left on device", not which disk to free."""
+    import errno
+
+    import pyarrow.parquet as pq
+
+    from pbr.data import shards
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")  # what Path.write_bytes raised there
+
+    monkeypatch.setattr(shards, "_write_split", full)
+    repo = _project(tmp_path / "p", raw)
+    _one_line_error(pbr(repo, "prepare"), "error: data/prepared: No space left on device; check that the location "
+                    "is writable and has space")
+    assert not _leftovers(repo)
+
+    def arrow_full(*a, **k):  # pyarrow's own: errno 28, no filename
+        raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+
+    monkeypatch.setattr(pq, "write_table", arrow_full)
+    repo = _copy(prepared, tmp_path / "t", method={"name": "er", "buffer_size": 20})
+    r = pbr(repo, "train")  # after the first task's epoch line
+    assert (r.returncode, r.stderr.splitlines()[-1]) == (2, "error: artifacts/train: No space left on device; check "
+                                                            "that the location is writable and has space")
+    assert not _leftovers(repo)
+
+
 def test_training_output_that_cannot_be_written(tmp_path, prepared, pbr):
     repo = _copy(prepared, tmp_path)
     (repo / "artifacts").write_text("in the way")
