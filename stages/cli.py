@@ -294,7 +294,8 @@ def import_(
     from stages.runtime import tracking
 
     out = sync.import_runs(source, tracking_uri or tracking.tracking_uri(), experiment or tracking.experiment_name(),
-                           with_artifacts=not no_artifacts, log=lambda m: typer.echo(m, err=True))
+                           with_artifacts=not no_artifacts, log=lambda m: typer.echo(m, err=True),
+                           flag=tracking_uri is not None)
     typer.echo(out.summary())
 
 
@@ -311,7 +312,7 @@ def ui(
     from stages.runtime import tracking
 
     uri = tracking_uri or tracking.tracking_uri()
-    exp_id = tracking.existing_experiment_id(uri, tracking.experiment_name())
+    exp_id = tracking.existing_experiment_id(uri, tracking.experiment_name(), flag=tracking_uri is not None)
     tracking.close_dead_runs(uri, exp_id)
     if uri.startswith(("http://", "https://")):
         typer.echo(tracking.ui_link(uri, exp_id))

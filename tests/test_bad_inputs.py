@@ -356,6 +356,37 @@ def test_ui_without_a_store_its_experiment_or_its_port(tmp_path, pbr_main):
                         f"pbr ui --port {port}: the port is in use", "--port")
 
 
+def test_a_store_named_by_tracking_uri_is_said_to_be_the_flags(tmp_path, pbr_main, monkeypatch):
+    """The errors about a store --tracking-uri named said "pass --tracking-uri" (it was passed) or
+    "check MLFLOW_TRACKING_URI" (not set)."""
+    from mlflow import MlflowClient
+
+    from project import free_port
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("PBR_OFFLINE", raising=False)
+    MlflowClient(f"sqlite:///{tmp_path / 'src.db'}").create_experiment("pbr")
+    (tmp_path / "bad.db").write_text("not a database")
+    pbr = lambda *args: pbr_main(*args, cwd=tmp_path)  # noqa: E731
+    line = _one_line_error(pbr("import", "src.db", "--tracking-uri", f"sqlite:///{tmp_path / 'src.db'}"))
+    assert line.endswith(f"is the store it would import into (sqlite:///{tmp_path / 'src.db'}): give --tracking-uri "
+                         "another store"), line
+    line = _one_line_error(pbr("import", "src.db", "--tracking-uri", f"journal:{tmp_path / 'j'}"))
+    assert line.startswith(f"error: --tracking-uri journal:{tmp_path / 'j'} holds runs recorded to plain files"), line
+    line = _one_line_error(pbr("import", "src.db", "--tracking-uri", f"sqlite:///{tmp_path / 'bad.db'}"))
+    assert line.endswith("; check --tracking-uri or remove a corrupt mlflow.db"), line
+    line = _one_line_error(pbr("report", "--tracking-uri", f"http://127.0.0.1:{free_port()}"))
+    assert line.endswith("is unreachable (connection refused): start it, or check --tracking-uri"), line
+    line = _one_line_error(pbr("report", "--tracking-uri", f"sqlite:///{tmp_path / 'bad.db'}"))
+    assert line.endswith("; check --tracking-uri"), line
+    line = _one_line_error(pbr("ui", "--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}"))
+    assert line.endswith("run a stage first (dvc repro), or check --tracking-uri"), line
+    # Named by the environment, the errors say so, as before.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'bad.db'}")
+    assert _one_line_error(pbr("report")).endswith("; check --tracking-uri / MLFLOW_TRACKING_URI")
+    assert _one_line_error(pbr("import", "src.db")).endswith("; check MLFLOW_TRACKING_URI or remove a corrupt mlflow.db")
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, prepared):
     """ER (it keeps a buffer) trained on the small prepared set: the files a damaged run is made of."""

@@ -255,7 +255,7 @@ def run(tracking_uri: str | None = None, experiment: str = report.DEFAULT_EXPERI
     if which not in PLANS:
         raise UserError(f"pbr confirm {which}: no such confirmation; use one of {' | '.join(PLANS)}")
     uri = tracking_uri or report._default_uri()
-    runs = report.collect_runs(uri, experiment)
+    runs = report.collect_runs(uri, experiment, flag=tracking_uri is not None)
     if not runs:
         raise UserError(report.no_runs_message(uri, experiment, f"pbr confirm {which}"))
     groups, _ = report.group_runs(runs)

@@ -401,14 +401,15 @@ def pin_auto(params: dict[str, str], tags: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> list[RunRecord] | None:
-    """Finished, complete runs of `experiment`. None when there is no store or no such experiment.
+def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT, flag: bool = False) -> list[RunRecord] | None:
+    """Finished, complete runs of `experiment` (the store named by --tracking-uri with `flag`). None
+    when there is no store or no such experiment.
 
     Raises UserError when the store exists but cannot be read."""
     from stages.runtime.tracking import refuse_journal, refuse_unreachable
 
-    refuse_journal(tracking_uri)
-    refuse_unreachable(tracking_uri)
+    refuse_journal(tracking_uri, flag)
+    refuse_unreachable(tracking_uri, flag)
     if tracking_uri.startswith("sqlite:///"):
         db = Path(tracking_uri[len("sqlite:///"):].split("?", 1)[0])
         if not db.is_file():  # do not let MlflowClient create an empty store
@@ -435,9 +436,9 @@ def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> lis
             if not token:
                 break
     except Exception as e:  # a store that cannot be opened fails in many ways
-        from stages.runtime.tracking import store_error
+        from stages.runtime.tracking import store_error, store_fix
 
-        raise UserError(store_error(tracking_uri, e, "check --tracking-uri / MLFLOW_TRACKING_URI")) from None
+        raise UserError(store_error(tracking_uri, e, store_fix(flag))) from None
     return [RunRecord(r.info.run_id, pin_auto(respell({**ADDED_LATER, **r.data.params}), dict(r.data.tags)), dict(r.data.metrics),
                       r.info.start_time or 0, dict(r.data.tags))
             for r in found
@@ -848,7 +849,7 @@ def report_experiment(experiment: str) -> str:
     return f"{experiment}-report"
 
 
-def log_to_mlflow(uri: str, experiment: str, rep: Report, metric: str) -> str:
+def log_to_mlflow(uri: str, experiment: str, rep: Report, metric: str, flag: bool = False) -> str:
     """One run of report_experiment(experiment) holding the figures, the CSV and the markdown;
     returns its id."""
     import datetime
@@ -856,7 +857,7 @@ def log_to_mlflow(uri: str, experiment: str, rep: Report, metric: str) -> str:
     from stages.runtime.tracking import open_experiment
 
     # As the stages open theirs: artifacts beside a sqlite store, following it where it moved.
-    client, exp_id = open_experiment(uri, report_experiment(experiment))
+    client, exp_id = open_experiment(uri, report_experiment(experiment), flag)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     n_runs = sum(len(g.runs) for g in rep.groups)
     r = client.create_run(exp_id, run_name=f"report {metric} {now}",
@@ -914,7 +915,7 @@ def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, m
             raise UserError(f"{option} {path}: {'a file' if folder else 'a folder'} is there; give a "
                             f"{'folder' if folder else 'file'}'s path")
     uri = tracking_uri or _default_uri()
-    runs = collect_runs(uri, experiment)
+    runs = collect_runs(uri, experiment, flag=tracking_uri is not None)
     filtered = False
     if runs and seeds is not None:
         kept = [r for r in runs if r.params.get("seed") in {str(s) for s in seeds}]
@@ -950,7 +951,7 @@ def run(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, m
         rep.figures = write_figures(figure_tables(groups, metric), metric, Path(figures_dir), seeds)
     if log_mlflow:
         try:
-            rep.mlflow_run = log_to_mlflow(uri, experiment, rep, metric)
+            rep.mlflow_run = log_to_mlflow(uri, experiment, rep, metric, flag=tracking_uri is not None)
         except Exception as e:  # the report is made; a store that refuses writes must not lose it
             from stages.runtime.tracking import store_error
 

@@ -345,8 +345,9 @@ def _end(version: str) -> int:
 
 
 def import_runs(source: str, target_uri: str, experiment: str, with_artifacts: bool = True,
-                log: Callable[[str], None] = print) -> Outcome:
-    """Copy the runs of experiment `experiment` in SOURCE into the same experiment at `target_uri`."""
+                log: Callable[[str], None] = print, flag: bool = False) -> Outcome:
+    """Copy the runs of experiment `experiment` in SOURCE into the same experiment at `target_uri`
+    (named by --tracking-uri with `flag`)."""
     import os
 
     # Not MLflow's two "View run ... at" lines per run copied to a server, nor its progress bar for
@@ -355,7 +356,7 @@ def import_runs(source: str, target_uri: str, experiment: str, with_artifacts: b
     before = {k: os.environ.get(k) for k in quiet}
     os.environ.update(quiet)
     try:
-        return _import(source, target_uri, experiment, with_artifacts, log)
+        return _import(source, target_uri, experiment, with_artifacts, log, flag)
     finally:
         for k, v in before.items():
             if v is None:
@@ -365,11 +366,12 @@ def import_runs(source: str, target_uri: str, experiment: str, with_artifacts: b
 
 
 def _import(source: str, target_uri: str, experiment: str, with_artifacts: bool,
-            log: Callable[[str], None]) -> Outcome:
+            log: Callable[[str], None], flag: bool = False) -> Outcome:
     src = resolve_source(source)
     if _store_key(src.uri) == _store_key(target_uri):
-        raise UserError(f"SOURCE {source} is the store it would import into ({target_uri}): pass --tracking-uri, or "
-                        "unset PBR_OFFLINE / MLFLOW_TRACKING_URI=offline")
+        fix = ("give --tracking-uri another store" if flag else
+               "pass --tracking-uri, or unset PBR_OFFLINE / MLFLOW_TRACKING_URI=offline")
+        raise UserError(f"SOURCE {source} is the store it would import into ({target_uri}): {fix}")
     for role, uri in (("SOURCE", src.uri), ("the target store", target_uri)):
         why = tracking.unreachable(uri)
         if why is not None:
@@ -381,7 +383,7 @@ def _import(source: str, target_uri: str, experiment: str, with_artifacts: bool,
     if with_artifacts and runs and root is not None and _moved(root, src.folder, root.name) is None:
         raise UserError(f"SOURCE {source}: its artifacts folder {root} is not here (nor under {src.folder}): copy "
                         "mlartifacts/ along with mlflow.db and import again, or pass --no-artifacts")
-    dst, exp_id = tracking.open_experiment(target_uri, experiment)
+    dst, exp_id = tracking.open_experiment(target_uri, experiment, flag)
     copies = _copies(dst, exp_id, log)
     out = Outcome(target_uri)
     for folder, why in getattr(src_client, "damaged", []):  # a journal's runs whose files do not read whole

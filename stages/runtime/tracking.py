@@ -247,41 +247,52 @@ def ui_link(base: str, experiment_id: str) -> str:
             "?workflowType=machine_learning&compareRunsMode=CHART")
 
 
-def refuse_journal(uri: str) -> None:
+def given_by(flag: bool) -> str:
+    """What named a command's store, for its errors: its --tracking-uri (`flag`), else the environment."""
+    return "--tracking-uri" if flag else "MLFLOW_TRACKING_URI"
+
+
+def refuse_journal(uri: str, flag: bool = False) -> None:
     """A one-line error for a plain-file record where an MLflow store is needed (report, UI, import target)."""
     from stages.runtime import journal
 
     if uri.startswith(journal.SCHEME):
         folder = from_repo(journal.folder_of(uri))  # where the stages record it
-        raise UserError(f"MLFLOW_TRACKING_URI {uri} holds runs recorded to plain files, which only `pbr import` "
+        raise UserError(f"{given_by(flag)} {uri} holds runs recorded to plain files, which only `pbr import` "
                         f"reads: `pbr import {shlex.quote(str(folder))}` into an MLflow store, then use that store "
                         "(docs/offline.md)")
 
 
-def refuse_unreachable(uri: str) -> None:
+def store_fix(flag: bool) -> str:
+    """The fix for a store a command cannot use: the flag that named it, or either way to name another."""
+    return "check --tracking-uri" if flag else "check --tracking-uri / MLFLOW_TRACKING_URI"
+
+
+def refuse_unreachable(uri: str, flag: bool = False) -> None:
     """A one-line error at once for a server that cannot be reached, where MLflow's client would retry
     for minutes (report, UI: nothing of theirs can fall back to the offline store)."""
     why = unreachable(uri)
     if why is not None:
-        raise UserError(f"MLflow server {uri} is unreachable ({why}): start it, or check --tracking-uri / "
-                        "MLFLOW_TRACKING_URI")
+        raise UserError(f"MLflow server {uri} is unreachable ({why}): start it, or {store_fix(flag)}")
 
 
-def existing_experiment_id(uri: str, name: str) -> str:
-    """The id of experiment `name` in the store at `uri`; a one-line error when there is none."""
-    refuse_journal(uri)
-    refuse_unreachable(uri)
+def existing_experiment_id(uri: str, name: str, flag: bool = False) -> str:
+    """The id of experiment `name` in the store at `uri` (named by --tracking-uri with `flag`); a
+    one-line error when there is none."""
+    refuse_journal(uri, flag)
+    refuse_unreachable(uri, flag)
     if uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///"):].split("?", 1)[0])
         if not db.is_file():
-            raise UserError(f"no MLflow store at {uri}: run a stage first (dvc repro), or set MLFLOW_TRACKING_URI")
+            raise UserError(f"no MLflow store at {uri}: run a stage first (dvc repro), or "
+                            f"{'check --tracking-uri' if flag else 'set MLFLOW_TRACKING_URI'}")
         follow_move(db)  # the UI serves the runs' artifacts from where the store is now
     try:
         from mlflow import MlflowClient
 
         exp = MlflowClient(tracking_uri=uri).get_experiment_by_name(name)
     except Exception as e:  # a store that cannot be opened fails in many ways
-        raise UserError(store_error(uri, e, "check --tracking-uri / MLFLOW_TRACKING_URI")) from None
+        raise UserError(store_error(uri, e, store_fix(flag))) from None
     if exp is None:
         raise UserError(f"MLflow store {uri} has no experiment '{name}': run a stage first (dvc repro), or set "
                         "MLFLOW_EXPERIMENT_NAME")
@@ -319,9 +330,10 @@ def _refuse_deleted(exp, uri: str) -> None:
                         "set to that store), or record to another with MLFLOW_EXPERIMENT_NAME")
 
 
-def open_experiment(uri: str, name: str):
-    """(client, experiment id) of experiment `name` in the store at `uri`, created if missing; a sqlite
-    store keeps its artifacts beside it (`mlartifacts/`), so the store's folder is self-contained."""
+def open_experiment(uri: str, name: str, flag: bool = False):
+    """(client, experiment id) of experiment `name` in the store at `uri` (named by --tracking-uri with
+    `flag`), created if missing; a sqlite store keeps its artifacts beside it (`mlartifacts/`), so the
+    store's folder is self-contained."""
     import logging
 
     from mlflow import MlflowClient
@@ -330,7 +342,7 @@ def open_experiment(uri: str, name: str):
     # Its traceback of a database error it then raises anyway (a full disk: the CLI says it in one line).
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
-    refuse_journal(uri)
+    refuse_journal(uri, flag)
     with _creation_lock(uri):
         db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
         if db is not None and db.is_file():
@@ -339,7 +351,7 @@ def open_experiment(uri: str, name: str):
             client = MlflowClient(tracking_uri=uri)
             exp = client.get_experiment_by_name(name)
         except Exception as e:  # a store that cannot be opened fails in many ways
-            raise UserError(store_error(uri, e, "check MLFLOW_TRACKING_URI or remove a corrupt mlflow.db")) from None
+            raise UserError(store_error(uri, e, f"check {given_by(flag)} or remove a corrupt mlflow.db")) from None
         if exp is None:
             artifacts = None
             if db is not None:
