@@ -330,3 +330,14 @@ def test_a_yaml_syntax_error_says_the_parsers_reason_at_its_line(tmp_path, pbr_m
     (tmp_path / "params.yaml").write_text(text)
     r = pbr_main("train", cwd=tmp_path)
     assert (r.returncode, r.stderr) == (2, f"error: params.yaml: not valid YAML {said}; fix the syntax\n")
+
+
+def test_a_folder_given_as_the_parameters_file_is_said_to_be_one(tmp_path, pbr_main):
+    """`pbr train -p FOLDER` said "no such parameters file" of a folder that is there."""
+    r = pbr_main("train", "-p", str(tmp_path), cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, f"error: {tmp_path}: a folder, not a parameters file; pass a file: "
+                                            "--params FILE\n")
+    (tmp_path / "params.yaml").write_text("seed: 0\n")
+    r = pbr_main("sweep", "table3", "-p", str(tmp_path), "--dry-run", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (2, f"error: {tmp_path}: a folder, not a parameters file; pass the one in "
+                                            f"it: --params {tmp_path / 'params.yaml'}\n")

@@ -358,7 +358,7 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
         if seeds < 1:
             raise UserError(f"--seeds {seeds}: give at least 1 (seeds 0..N-1 are run)")
         seeds = list(range(seeds))
-    base = read_params(params_file) if params_file.is_file() else None
+    base = read_params(params_file) if params_file.is_file() or params_file.is_dir() else None
     if not isinstance(base, dict):
         raise UserError(f"{params_file}: no parameters file here; run pbr sweep in the project's root")
     filters = {k: v if isinstance(v, list) else [v] for k, v in only.items()}

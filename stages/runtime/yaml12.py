@@ -16,6 +16,10 @@ from pbr.errors import UserError
 def read_params(path: Path, error: type[UserError] = UserError) -> Any:
     """A parameters file read as `read_yaml` reads it; a file that is missing, not UTF-8 or not
     valid YAML (a key given twice included) raises `error` in one line naming it."""
+    if path.is_dir():
+        inside = path / "params.yaml"
+        raise error(f"{path}: a folder, not a parameters file; pass "
+                    f"{f'the one in it: --params {inside}' if inside.is_file() else 'a file: --params FILE'}")
     if not path.is_file():
         raise error(f"{path}: no such parameters file; run from the project root or pass --params")
     text = None
