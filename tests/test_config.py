@@ -341,3 +341,18 @@ def test_a_folder_given_as_the_parameters_file_is_said_to_be_one(tmp_path, pbr_m
     r = pbr_main("sweep", "table3", "-p", str(tmp_path), "--dry-run", cwd=tmp_path)
     assert (r.returncode, r.stderr) == (2, f"error: {tmp_path}: a folder, not a parameters file; pass the one in "
                                             f"it: --params {tmp_path / 'params.yaml'}\n")
+
+
+@pytest.mark.parametrize("text,said", [
+    ("train:\n  lr:0.1\n", "train must be a mapping of keys to values; it is the text 'lr:0.1': a space after the "
+                           "colon? (key: value)"),
+    ("seed:0\n", "the file must be a mapping of keys to values; it is the text 'seed:0': a space after the colon? "
+                 "(key: value)"),
+    ("train: {lr:0.1}\n", "unknown key 'train.lr:0.1' (a space after the colon?); allowed in 'train': epochs,"),
+])
+def test_a_colon_without_its_space_is_hinted_at(tmp_path, text, said):
+    """`lr:0.1` is YAML's text "lr:0.1", and the error said only that train must be a mapping."""
+    (tmp_path / "params.yaml").write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "params.yaml")
+    assert str(e.value).startswith(f"{tmp_path / 'params.yaml'}: {said}"), str(e.value)

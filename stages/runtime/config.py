@@ -290,7 +290,10 @@ def _build(cls, raw: Any, prefix: str, source: str):
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: {prefix.rstrip('.') or 'the file'} must be a mapping of keys to values")
+        # `lr:0.1` without its space is YAML's text "lr:0.1", not a key and its value.
+        spaced = (f"; it is the text {raw!r}: a space after the colon? (key: value)"
+                  if isinstance(raw, str) and ":" in raw else "")
+        raise ConfigError(f"{source}: {prefix.rstrip('.') or 'the file'} must be a mapping of keys to values{spaced}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -302,6 +305,8 @@ def _build(cls, raw: Any, prefix: str, source: str):
                                   f"live under its name); move it there")
             close = difflib.get_close_matches(str(key), fields, n=1)
             hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            if ":" in str(key) and str(key).split(":", 1)[0].strip() in fields:  # {lr:0.1}: one key, "lr:0.1"
+                hint = " (a space after the colon?)"
             where = f"'{prefix.rstrip('.')}'" if prefix else "the top level"
             raise ConfigError(
                 f"{source}: unknown key '{prefix}{key}'{hint}; allowed in {where}: {', '.join(fields)}"
