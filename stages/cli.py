@@ -51,7 +51,8 @@ def _stage(name: str, params: Path) -> None:
                 from stages.runtime import paths
 
                 writes = {"prepare": paths.PREPARED, "train": paths.TRAIN, "score": paths.SCORE, "evaluate": paths.REPORTS}
-                e.filename, e.strerror = str(writes[name]), os.strerror(e.errno)
+                e.filename = str(writes[name])
+                e.strerror = f"{os.strerror(e.errno)} (or on the MLflow store's disk, if that is another)"
             raise
 
 
@@ -396,8 +397,14 @@ def _run_the_workspaces_code() -> None:
     os.execv(sys.executable, [sys.executable, "-m", "stages.cli", *sys.argv[1:]])
 
 
-def main() -> None:
+def entry() -> None:
+    """The `pbr` script: the workspace's code (above), then the command. Kept out of `main`, which
+    tests call in their own process (an exec there would replace the test run)."""
     _run_the_workspaces_code()
+    main()
+
+
+def main() -> None:
     # SIGTERM (a SLURM time limit or preemption, `kill`, `timeout`, `docker stop`) and SIGHUP (a closed
     # terminal) stop a command as Ctrl-C does: its MLflow run says KILLED at once, on any machine,
     # rather than RUNNING until a later stage on the same host marks it. Only where the signal has its
@@ -459,7 +466,7 @@ def _store_unwritable(e: BaseException) -> str | None:
 
 def _main() -> None:
     try:
-        app()
+        app(prog_name="pbr")  # re-executed as `python -m stages.cli` (above), help still says `pbr`
     except SystemExit as e:
         if e.code == 130:  # Ctrl-C: typer turns it into a silent exit 130
             print(INTERRUPTED, file=sys.stderr)
@@ -509,4 +516,4 @@ def _main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main()  # the re-exec's target: the code is this folder's already

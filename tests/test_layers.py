@@ -70,24 +70,16 @@ def test_pbr_runs_the_code_of_the_folder_it_runs_in(tmp_path):
     """A queued or --temp DVC experiment runs its stages in a copy under .dvc/tmp/exps/; the `pbr`
     script imported the installed checkout's code instead, so dvc.lock and the run's code hash named
     code that did not run. A copy's own `stages` must be the one imported (marked here)."""
-    import shutil
     import subprocess
 
-    from project import BIN, COPY, env
+    from project import BIN, env, make_project
 
-    ws = tmp_path / ".dvc" / "tmp" / "exps" / "abc"
-    ws.mkdir(parents=True)
-    for name in COPY:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, ws / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.exists():
-            shutil.copy(src, ws / name)
+    ws = make_project(tmp_path / ".dvc" / "tmp" / "exps" / "abc")
     marker = tmp_path / "imported"
     with open(ws / "stages" / "__init__.py", "a") as f:
         f.write(f"\nopen({str(marker)!r}, 'w').write(__file__)\n")
     r = subprocess.run([str(BIN / "pbr"), "--help"], cwd=ws, env=env(), capture_output=True, text=True)
-    assert r.returncode == 0 and "Commands" in r.stdout, r.stderr
+    assert r.returncode == 0 and "Commands" in r.stdout and "Usage: pbr " in r.stdout, r.stderr
     assert marker.read_text() == str(ws / "stages" / "__init__.py")
     # Under PYTHONSAFEPATH the folder cannot be put first: the installed code runs, once, no loop.
     marker.unlink()
