@@ -314,3 +314,12 @@ def test_a_methods_defaults_need_name_only_what_it_changes():
     assert Mine.resolve("dropout", "auto", "cifar10", 200)[0] == 0.0
     with pytest.raises(KeyError, match="no value for 'gamma'"):
         Mine.resolve("gamma", "auto", "cifar10", 200)
+
+
+def test_a_milestone_rounding_to_epoch_0_drops_after_the_first_epoch():
+    """0.1 of 4 epochs rounds to 0: the whole task trained at a tenth of its lr. Hand-counted: the
+    drop comes after epoch 1 (the earliest a per-epoch step can), 0.5 after epoch 2."""
+    from pbr.methods.base import milestone_drops
+
+    assert [milestone_drops((0.1,), e, 4) for e in range(4)] == [0, 1, 1, 1]
+    assert [milestone_drops((0.1, 0.5), e, 4) for e in range(4)] == [0, 1, 2, 2]

@@ -116,9 +116,10 @@ SEQ_CIFAR100_NO_200 = (f"{MAMMOTH} seq-cifar100 buffer 500 (best_args has no 200
 
 def milestone_drops(milestones: tuple[float, ...], epoch: int, epochs: int) -> int:
     """How many tenths the lr has taken by (0-based) `epoch` of a task of `epochs`: a milestone f
-    falls after epoch round(f * epochs) (0.7 and 0.9 of 50: after epochs 35 and 45), as Mammoth's
+    falls after epoch round(f * epochs), at least the first (0.7 and 0.9 of 50: after epochs 35 and 45), as Mammoth's
     MultiStepLR stepped after each epoch."""
-    return sum(round(f * epochs) <= epoch for f in milestones)
+    # At least after the first epoch: MultiStepLR, stepped after each epoch, never reaches milestone 0.
+    return sum(max(1, round(f * epochs)) <= epoch for f in milestones)
 
 
 class Options(SimpleNamespace):
