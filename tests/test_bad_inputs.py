@@ -289,8 +289,8 @@ def test_a_full_disk_names_the_folder_being_written(tmp_path, raw, prepared, pbr
 
     monkeypatch.setattr(shards, "_write_split", full)
     repo = _project(tmp_path / "p", raw)
-    _one_line_error(pbr(repo, "prepare"), "error: data/prepared: No space left on device; check that the location "
-                    "is writable and has space")
+    _one_line_error(pbr(repo, "prepare"), "error: data/prepared: No space left on device (or on the MLflow store's "
+                    "disk, if that is another); check that the location is writable and has space")
     assert not _leftovers(repo)
 
     def arrow_full(*a, **k):  # pyarrow's own: errno 28, no filename
@@ -299,7 +299,8 @@ def test_a_full_disk_names_the_folder_being_written(tmp_path, raw, prepared, pbr
     monkeypatch.setattr(pq, "write_table", arrow_full)
     repo = _copy(prepared, tmp_path / "t", method={"name": "er", "buffer_size": 20})
     r = pbr(repo, "train")  # after the first task's epoch line
-    assert (r.returncode, r.stderr.splitlines()[-1]) == (2, "error: artifacts/train: No space left on device; check "
+    assert (r.returncode, r.stderr.splitlines()[-1]) == (2, "error: artifacts/train: No space left on device (or on "
+                                                            "the MLflow store's disk, if that is another); check "
                                                             "that the location is writable and has space")
     assert not _leftovers(repo)
 
@@ -824,6 +825,11 @@ def test_compile_on_a_cpu_without_a_cxx_compiler_is_refused_before_the_saved_run
                     "error: train.compile needs a C++ compiler on a CPU (none found: /nonexistent/g++ does not run; "
                     "set CXX to one) or set train.compile: false")
     assert tree_bytes(repo / "artifacts") == before and not (repo / "mlflow.db").exists()
+    # CXX naming a folder: inductor's search raised PermissionError, read as an unwritable location
+    _one_line_error(_pbr(repo, "train", CXX=str(tmp_path)),
+                    f"error: train.compile needs a C++ compiler on a CPU (none found: {tmp_path} does not run; "
+                    "set CXX to one) or set train.compile: false")
+    assert tree_bytes(repo / "artifacts") == before
 
 
 def test_a_failed_compile_is_one_line(tmp_path, prepared, pbr, monkeypatch):

@@ -313,7 +313,7 @@ def _refuse_without_compiler() -> None:
 
     try:
         cpp_builder.get_cpp_compiler()
-    except exc.InvalidCxxCompiler:
+    except (exc.InvalidCxxCompiler, OSError):  # CXX a folder or a file not executable: PermissionError
         tried = ", ".join(c for c in config.cpp.cxx if c) if isinstance(config.cpp.cxx, (list, tuple)) else config.cpp.cxx
         raise UserError(f"train.compile needs a C++ compiler on a CPU (none found: {tried} does not run; set CXX "
                         "to one) or set train.compile: false") from None
