@@ -185,9 +185,9 @@ def run(cfg, log=print, tracker=None) -> dict:
 
     if tracker is not None:
         flat = {f"{s}.{k}": v for s in modes for k, v in result[s].items() if k != "final_per_task"}
-        tracker.log_metrics(flat)
-        tracker.log_series([(t, {f"{s}.final_task_acc": result[s]["final_per_task"][t] for s in modes})
-                            for t in range(n_tasks)])
+        tracker.log_once("pbr.evaluate.logged", [(0, flat)] + [
+            (t, {f"{s}.final_task_acc": result[s]["final_per_task"][t] for s in modes}) for t in range(n_tasks)])
+        faults.point("evaluate:logged")
         tracker.log_artifact(paths.METRICS, "evaluate")
         for f in sorted(out.iterdir()):
             if f.suffix in (".csv", ".png"):

@@ -60,7 +60,9 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
 
         tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED),
                           "pbr.raw_sha256": manifest["raw"]["content_sha256"]})
-        tracker.log_series([(t, {"data.task_train_count": n}) for t, n in enumerate(manifest["task_train_counts"])])
+        tracker.log_once("pbr.prepare.logged",
+                         [(t, {"data.task_train_count": n}) for t, n in enumerate(manifest["task_train_counts"])])
+        faults.point("prepare:logged")
         for f in ("class_counts.csv", "task_counts.csv"):
             tracker.log_artifact(paths.PREPARE_PLOTS / f, "prepare")
     log(f"wrote {paths.PREPARED}: {stream.n_tasks} tasks, train sizes {manifest['task_train_counts']}, "

@@ -291,7 +291,8 @@ def _summaries(data: dict, manifest: dict, tracker, learns_each_task: bool = Tru
                "score.mi_forgotten": float(forgotten.mean()) if forgotten.size else nan,
                "score.mi_kept": float(kept.mean()) if kept.size else nan}
     if tracker is not None:
-        tracker.log_metrics(summary)
+        tracker.log_once("pbr.score.logged", [(0, summary)])
+        faults.point("score:logged")
         for f in sorted(out.iterdir()):
             tracker.log_artifact(f, "score")
     return summary

@@ -540,6 +540,16 @@ class StageRun:
         self.rec.log(self.run_id, metrics=[(k, float(v), now, step) for step, d in rows for k, v in d.items()
                                            if v is not None], tags={k: str(v) for k, v in (tags or {}).items()})
 
+    def log_once(self, marker: str, rows: list[tuple[int, dict[str, float]]]) -> None:
+        """A stage's metrics (as log_series) with the tag `marker` = their digest, unless the run this
+        stage joined holds that tag: a try killed after logging them (before the stage's end) had
+        them in the run, and the next try logged each point again. Points of other values (another
+        training) are logged: the skip never hides them."""
+        points = sorted((step, k, float(v)) for step, d in rows for k, v in d.items() if v is not None)
+        digest = hashlib.sha256(repr(points).encode()).hexdigest()[:16]
+        if self.joined.get(marker) != digest:
+            self.log_series(rows, tags={marker: digest})
+
     def set_tags(self, tags: dict[str, Any]) -> None:
         self.rec.log(self.run_id, tags={k: str(v) for k, v in tags.items()})
 
