@@ -118,7 +118,6 @@ def run(cfg, log=print, tracker=None) -> dict:
     check_trained(cfg, manifest)
     n_tasks, n_classes = manifest["n_tasks"], manifest["n_classes"]
     minority = minority_tasks(manifest["task_train_counts"])
-    out = paths.EVAL
     # Every task's model and buffer read before the first file is written: a damaged one stops the
     # stage with reports/eval as it was, not half of it new.
     norms = [_head_norms(paths.TRAIN / f"task_{k:02d}" / "model.pt", manifest) for k in range(n_tasks)]
@@ -133,51 +132,58 @@ def run(cfg, log=print, tracker=None) -> dict:
     # Its earlier rows are an untrained network's (JOINT): no BWT or forgetting to read off them.
     drop = set() if method.learns_each_task else {"bwt", "forgetting"}
     result = {"method": summary["settings"]["method"], "n_tasks": n_tasks, "minority_tasks": minority}
-    for scen in ("class_il", "task_il"):
-        m = summary[scen]["matrix"]
-        if scen in modes:
-            result[scen] = {**{k: v for k, v in scenario_metrics(m, minority).items() if k not in drop},
-                            "final_per_task": m[-1]}
-        rows = [{"after_task": j, **{f"task_{i}": round(v, 4) for i, v in enumerate(r)}} for j, r in enumerate(m)]
-        artifacts.write_csv(out / f"{scen}_matrix.csv", rows)
-    # NaN where the matrices above are no results: a mode the method has no metrics of (PNN's
-    # Class-IL), rows before the last of a method that learns at the last task only (JOINT). NaN, not
-    # an empty cell: DVC's plot (Vega) drops "nan" but reads "" as 0.
-    curve = [{"after_task": j, **{scen: round(sum(summary[scen]["matrix"][j][: j + 1]) / (j + 1), 4)
-                                  if scen in modes and (method.learns_each_task or j == n_tasks - 1) else float("nan")
-                                  for scen in ("class_il", "task_il")}} for j in range(n_tasks)]
-    artifacts.write_csv(out / "accuracy_curve.csv", curve)
-    artifacts.write_csv(out / "weight_norms.csv", [
-        {"after_task": k, "class": c, "norm": round(v, 6)} for k in range(n_tasks) for c, v in enumerate(norms[k])])
-    # The bar plots' axis: DVC sorts it as text, so "010" after "009" (and the class named), not "10" after "1".
-    def named(c):
-        return f"{c:03d} {manifest['class_names'][c]}"
+    # reports/eval (this stage's alone) is written whole in a temporary folder that replaces it in one
+    # rename: `pbr evaluate` by hand killed midway left the new CSVs beside the old plots and metrics.json.
+    with artifacts.atomic_dir(paths.EVAL) as out:
+        for scen in ("class_il", "task_il"):
+            m = summary[scen]["matrix"]
+            if scen in modes:
+                result[scen] = {**{k: v for k, v in scenario_metrics(m, minority).items() if k not in drop},
+                                "final_per_task": m[-1]}
+            rows = [{"after_task": j, **{f"task_{i}": round(v, 4) for i, v in enumerate(r)}} for j, r in enumerate(m)]
+            artifacts.write_csv(out / f"{scen}_matrix.csv", rows)
+        # NaN where the matrices above are no results: a mode the method has no metrics of (PNN's
+        # Class-IL), rows before the last of a method that learns at the last task only (JOINT). NaN, not
+        # an empty cell: DVC's plot (Vega) drops "nan" but reads "" as 0.
+        curve = [{"after_task": j, **{scen: round(sum(summary[scen]["matrix"][j][: j + 1]) / (j + 1), 4)
+                                      if scen in modes and (method.learns_each_task or j == n_tasks - 1)
+                                      else float("nan") for scen in ("class_il", "task_il")}} for j in range(n_tasks)]
+        artifacts.write_csv(out / "accuracy_curve.csv", curve)
+        artifacts.write_csv(out / "weight_norms.csv", [
+            {"after_task": k, "class": c, "norm": round(v, 6)} for k in range(n_tasks) for c, v in enumerate(norms[k])])
+        # The bar plots' axis: DVC sorts it as text, so "010" after "009" (and the class named), not "10" after "1".
+        def named(c):
+            return f"{c:03d} {manifest['class_names'][c]}"
 
-    artifacts.write_csv(out / "weight_norms_final.csv", [
-        {"label": c, "class": named(c), "norm": round(v, 6)} for c, v in enumerate(norms[-1])])
-    artifacts.write_csv(out / "buffer_histogram.csv", [
-        {"after_task": k, "class": c, "count": v} for k in range(n_tasks) for c, v in enumerate(hist[k])])
-    artifacts.write_csv(out / "buffer_final.csv", [{"label": c, "class": named(c), "count": v}
-                                                   for c, v in enumerate(hist[-1])])
-    faults.point("evaluate:partial")
+        artifacts.write_csv(out / "weight_norms_final.csv", [
+            {"label": c, "class": named(c), "norm": round(v, 6)} for c, v in enumerate(norms[-1])])
+        artifacts.write_csv(out / "buffer_histogram.csv", [
+            {"after_task": k, "class": c, "count": v} for k in range(n_tasks) for c, v in enumerate(hist[k])])
+        artifacts.write_csv(out / "buffer_final.csv", [{"label": c, "class": named(c), "count": v}
+                                                       for c, v in enumerate(hist[-1])])
+        faults.point("evaluate:partial")
 
-    def shown(m):  # JOINT's rows before the last are an untrained network's: not drawn as results
-        return m if method.learns_each_task else [[float("nan")] * len(r) for r in m[:-1]] + [m[-1]]
+        def shown(m):  # JOINT's rows before the last are an untrained network's: not drawn as results
+            return m if method.learns_each_task else [[float("nan")] * len(r) for r in m[:-1]] + [m[-1]]
 
-    drawn = {name: shown(summary[s]["matrix"]) for name, s in (("Class-IL", "class_il"), ("Task-IL", "task_il"))
-             if s in modes}
-    plots.heatmaps(drawn, out / "matrices.png", note="" if method.learns_each_task else
-                   f"{method.label} learns at the last task only: its earlier rows are left out")
-    plots.task_curves(drawn.get("Class-IL"), "Class-IL accuracy of each task" if "Class-IL" in drawn else
-                      f"{method.label} has no Class-IL prediction (it is asked with the task's id)",
-                      out / "class_il_curves.png")
-    seen = [set().union(*map(set, manifest["task_classes"][: k + 1])) for k in range(n_tasks)]
-    cosine = summary["settings"].get("head") == "cosine"
-    plots.bars_by_task([[v if c in seen[k] else float("nan") for c, v in enumerate(norms[k])] for k in range(n_tasks)],
-                       "||w_c||", "Classifier weight norm per class seen (biased prototypes)" +
-                       ("; a cosine head's logits use w_c / ||w_c||" if cosine else ""), out / "weight_norms.png")
-    plots.bars_by_task(hist, "samples in buffer", "Buffer class histogram after each task",
-                       out / "buffer_histogram.png")
+        drawn = {name: shown(summary[s]["matrix"]) for name, s in (("Class-IL", "class_il"), ("Task-IL", "task_il"))
+                 if s in modes}
+        plots.heatmaps(drawn, out / "matrices.png", note="" if method.learns_each_task else
+                       f"{method.label} learns at the last task only: its earlier rows are left out")
+        plots.task_curves(drawn.get("Class-IL"), "Class-IL accuracy of each task" if "Class-IL" in drawn else
+                          f"{method.label} has no Class-IL prediction (it is asked with the task's id)",
+                          out / "class_il_curves.png")
+        seen = [set().union(*map(set, manifest["task_classes"][: k + 1])) for k in range(n_tasks)]
+        cosine = summary["settings"].get("head") == "cosine"
+        plots.bars_by_task([[v if c in seen[k] else float("nan") for c, v in enumerate(norms[k])]
+                            for k in range(n_tasks)],
+                           "||w_c||", "Classifier weight norm per class seen (biased prototypes)" +
+                           ("; a cosine head's logits use w_c / ||w_c||" if cosine else ""), out / "weight_norms.png")
+        plots.bars_by_task(hist, "samples in buffer", "Buffer class histogram after each task",
+                           out / "buffer_histogram.png")
+        # metrics.json goes before the folder is replaced and comes back last: killed between, its absence
+        # (DVC's state when it runs the stage) says the reports are not whole.
+        paths.METRICS.unlink(missing_ok=True)
 
     metrics_json = {s: {k: [round(x, 4) for x in v] if k == "final_per_task" else round(v, 4)
                         for k, v in result[s].items()} for s in modes}
@@ -189,7 +195,7 @@ def run(cfg, log=print, tracker=None) -> dict:
             (t, {f"{s}.final_task_acc": result[s]["final_per_task"][t] for s in modes}) for t in range(n_tasks)])
         faults.point("evaluate:logged")
         tracker.log_artifact(paths.METRICS, "evaluate")
-        for f in sorted(out.iterdir()):
+        for f in sorted(paths.EVAL.iterdir()):
             if f.suffix in (".csv", ".png"):
                 tracker.log_artifact(f, "evaluate")
         tracker.set_tags({**saved_run_tags(), **dvc_lock_hashes(), "pbr.complete": "true"})

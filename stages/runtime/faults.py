@@ -5,7 +5,7 @@ a chosen instant instead of a raced one. Points: `prepare:written` (shards writt
 renamed into place), `train:task<K>:epoch<E>` (inside task K, after its epoch E),
 `train:after_task<K>` (task K saved and tracked, task K+1 not begun), `score:after_task<K>`
 (task K scored and kept), `evaluate:partial`
-(some reports rewritten, metrics.json not yet), `prepare:logged`, `score:logged`, `evaluate:logged`
+(some reports written in reports/eval's temporary folder), `prepare:logged`, `score:logged`, `evaluate:logged`
 (the stage's metrics in its run, the stage not ended). With `PBR_KILL_GROUP=1` the whole process group
 dies: the stage and the `dvc repro` that started it (start that in its own session).
 `PBR_PAUSE_AT=<point>` instead makes the stage touch the file `PBR_PAUSE_MARK` there and sleep for
