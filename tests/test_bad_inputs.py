@@ -972,7 +972,7 @@ def test_a_store_locked_past_sqlites_wait_is_one_line(tmp_path, monkeypatch, cap
             sqlite3.connect(db, timeout=0).execute("CREATE TABLE runs (a)")
     finally:
         holder.rollback()
-    monkeypatch.setattr(cli, "app", lambda: (_ for _ in ()).throw(caught.value))
+    monkeypatch.setattr(cli, "app", lambda **_: (_ for _ in ()).throw(caught.value))
     with pytest.raises(SystemExit) as code:
         cli._main()
     err = capsys.readouterr().err.strip().splitlines()
