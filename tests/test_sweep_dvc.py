@@ -153,7 +153,9 @@ def test_an_awkward_data_root_queues_one_experiment_with_it(tmp_path, pbr_main, 
     repo = make_project(tmp_path / "repo", data__download=True)
     sweep = ["sweep", "families", "--budget", "quick", "--seeds", "1", "--only", "method.name=sgd",
              "--only", "data.imbalance_ratio=1.0"]
-    for root in ["~/raw", "/x/raw,2", "/x/a#b", "/x/a=b", "/x/my data", "/x/bob's", '/x/q"x', "C:\\data\\"]:
+    # Through the real queue, three that failed in three ways; tests/test_sweep.py takes 14 through DVC's own
+    # apply_overrides (every other character a path may hold).
+    for root in ["~/raw", "/x/raw,2", "/x/bob's"]:
         r = pbr_main(*sweep, "-S", f"data.root={root}", cwd=repo)
         assert r.returncode == 0 and "families: 1 run queued" in r.stderr, r.stderr
         assert _queued_roots(repo) == [root]
