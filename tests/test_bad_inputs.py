@@ -258,19 +258,25 @@ def test_buffer_larger_than_the_stream(tmp_path, prepared, pbr):
     assert not (repo / "artifacts").exists() and not _leftovers(repo)
 
 
-def test_more_threads_than_cores_trains_with_a_warning(tmp_path, prepared, pbr, monkeypatch):
+def test_more_threads_than_cores_is_warned_of_before_the_run(tmp_path, prepared, pbr, monkeypatch):
     import torch
 
+    from pbr.errors import UserError
+    from stages.pipeline import train
     from stages.runtime import threads
 
+    def stop(*a, **k):  # the warning is said before the run's settings: no training needed to see it
+        raise UserError("stopped after the thread count")
+
     monkeypatch.setattr(threads, "available_cores", lambda: 1)
+    monkeypatch.setattr(train, "settings", stop)
     repo = _copy(prepared, tmp_path, train={"threads": 2})
     was = torch.get_num_threads()
     try:
         r = pbr(repo, "train")
     finally:
         torch.set_num_threads(was)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 2 and r.stderr.splitlines()[-1] == "error: stopped after the thread count", r.stderr
     assert ("warning: train.threads = 2 is more than the 1 core(s) this process may use: the threads take turns on "
             "them (slower); use at most 1, or auto") in r.stdout + r.stderr
 

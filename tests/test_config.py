@@ -296,10 +296,10 @@ def test_a_scalar_that_reads_as_no_date_is_one_line(tmp_path, pbr_main):
     """YAML reads 2026-13-45 as a date, which datetime refuses with a ValueError (as DVC's ruamel does)."""
     from stages.experiments.sweep import parse_assignments
 
-    (tmp_path / "bad.yaml").write_text("seed: 2026-13-45\n")
+    (tmp_path / "bad.yaml").write_text("train:\n  epochs: 2\nseed: 2026-13-45\n")
     r = pbr_main("train", "-p", "bad.yaml", cwd=tmp_path)
-    assert (r.returncode, r.stderr) == (2, "error: bad.yaml: a value cannot be read (month must be in 1..12); fix or "
-                                            "quote it\n")
+    assert (r.returncode, r.stderr) == (2, "error: bad.yaml: the value '2026-13-45' cannot be read (month must be in "
+                                            "1..12) at line 3; fix or quote it\n")
     with pytest.raises(UserError, match=r"^-S 'seed=2026-13-45': the value is not valid YAML$"):
         parse_assignments(["seed=2026-13-45"], "-S")
 

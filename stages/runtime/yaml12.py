@@ -44,6 +44,8 @@ def read_params(path: Path, error: type[UserError] = UserError) -> Any:
             problem = f"{e.context}, {problem}"
         if problem.startswith("the key"):
             raise error(f"{path}: {problem}{where}; keep one of them") from None
+        if problem.startswith("the value"):
+            raise error(f"{path}: {problem}{where}; fix or quote it") from None
         raise error(f"{path}: not valid YAML{where}{': ' * bool(problem)}{problem}; fix the syntax") from None
 
 
@@ -103,6 +105,21 @@ def _unique_key_loader():
         return sign * int(digits[2:] if base != 10 else digits, base)
 
     Loader.add_constructor("tag:yaml.org,2002:int", integer)
+
+    def line_of_failure(construct):
+        """A scalar the resolver took for a number or a date its constructor cannot build
+        (`2026-13-45`): a YAML error at its line, not a ValueError naming neither."""
+        def wrapped(loader, node):
+            try:
+                return construct(loader, node)
+            except ValueError as e:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the value {node.value!r} cannot be read ({e})", node.start_mark) from None
+        return wrapped
+
+    for tag in ("int", "timestamp"):
+        full = f"tag:yaml.org,2002:{tag}"
+        Loader.add_constructor(full, line_of_failure(Loader.yaml_constructors[full]))
 
     def mapping(loader, node, deep=False):
         seen = set()
