@@ -397,14 +397,16 @@ def _run_the_workspaces_code() -> None:
     os.execv(sys.executable, [sys.executable, "-m", "stages.cli", *sys.argv[1:]])
 
 
-def entry() -> None:
-    """The `pbr` script: the workspace's code (above), then the command. Kept out of `main`, which
-    tests call in their own process (an exec there would replace the test run)."""
-    _run_the_workspaces_code()
-    main()
-
-
 def main() -> None:
+    """The `pbr` script (the name every install's script calls): the workspace's code (above), then
+    the command."""
+    _run_the_workspaces_code()
+    run_command()
+
+
+def run_command() -> None:
+    """The command in this process, whatever code it imported: what tests call in their own process
+    (an exec there would replace the test run), and the re-exec's target."""
     # SIGTERM (a SLURM time limit or preemption, `kill`, `timeout`, `docker stop`) and SIGHUP (a closed
     # terminal) stop a command as Ctrl-C does: its MLflow run says KILLED at once, on any machine,
     # rather than RUNNING until a later stage on the same host marks it. Only where the signal has its
@@ -516,4 +518,4 @@ def _main() -> None:
 
 
 if __name__ == "__main__":
-    main()  # the re-exec's target: the code is this folder's already
+    run_command()  # the re-exec's target: the code is this folder's already

@@ -66,7 +66,7 @@ def records_to_files(tmp_path, monkeypatch):
 
 @pytest.fixture
 def pbr_main(monkeypatch, capfd):
-    """`pbr ARGS` through the CLI's own main() in this process: the same output, one-line errors and exit
+    """`pbr ARGS` through the CLI's own run_command() in this process: the same output, one-line errors and exit
     status as the real command, without a process start (about 4.5 CPU s of torch and MLflow imports).
     Tests keep a real process where the process is the feature: a stage under DVC, a kill, a sweep's
     workers, and one CLI error of each kind."""
@@ -82,7 +82,7 @@ def pbr_main(monkeypatch, capfd):
         monkeypatch.setattr(sys, "argv", ["pbr", *args])
         capfd.readouterr()
         try:
-            cli.main()
+            cli.run_command()
             code = 0
         except SystemExit as e:
             code = e.code or 0

@@ -65,3 +65,25 @@ def test_evaluate_killed_before_metrics_json_leaves_none(evaluated, monkeypatch)
     assert sorted(got) == sorted(k for k in new if k != "metrics.json")
     assert all(got[k] == new[k] for k in got if k.endswith(".csv"))
     assert not [k for k, v in got.items() if v.startswith(b"old ")]  # the PNGs drawn anew too
+
+
+def test_score_interrupted_while_drawing_its_reports_leaves_the_old_set_whole(tmp_path, trained, monkeypatch):
+    """The same for reports/score: its CSVs were written, then the plots, one by one."""
+    from stages.pipeline import score
+    from stages.runtime import plots
+
+    repo = _run_stage_in(_copy_trained(trained, tmp_path / "repo"), score)
+    folder = repo / "reports/score"
+    for f in folder.iterdir():
+        f.write_bytes(b"old " + f.name.encode())
+    old = {f.name: f.read_bytes() for f in folder.iterdir()}
+    assert len(old) == 4
+
+    def interrupted(*a, **k):  # the CSVs and the scatter written, the histogram not
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plots, "histograms", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _run_stage_in(repo, score)
+    assert {f.name: f.read_bytes() for f in folder.iterdir()} == old
+    assert not list((repo / "reports").glob(".score.*"))

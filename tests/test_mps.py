@@ -103,7 +103,7 @@ def test_bad_gpu_share_is_a_one_line_error(args, needle, monkeypatch, capfd):
     monkeypatch.setattr(sys, "argv", ["pbr", "sweep", "fidelity", "--budget", "quick", "--seeds", "1",
                                       "--only", "row=pbr", *args])
     with pytest.raises(SystemExit) as e:
-        cli.main()
+        cli.run_command()
     err = [x for x in capfd.readouterr().err.splitlines() if x.strip()]
     assert e.value.code == 2 and len(err) == 1 and needle in err[0], err
 

@@ -264,28 +264,30 @@ def _summaries(data: dict, manifest: dict, tracker, learns_each_task: bool = Tru
                          "mean_mi": mean(data["mi"][m & trained]), "mean_entropy": mean(data["entropy"][m & trained]),
                          "mean_mi_final": mean(data["mi_final"][m]),
                          "forgotten_rate": rate(data["forgotten"][m & learned])})
-    out = paths.SCORE_REPORTS
-    artifacts.write_csv(out / "by_class.csv", by_class)
-    # A method without an MC-dropout score has NaN MI: its histograms are empty.
-    scored = ~np.isnan(data["mi"])
-    forgotten = data["mi"][learned & data["forgotten"] & scored]
-    kept = data["mi"][learned & ~data["forgotten"] & scored]
-    edges = np.linspace(0, max(float(data["mi"][train & scored].max()) if (train & scored).any() else 0.0, 1e-6), 21)
-    hf = np.histogram(forgotten, edges)[0]
-    hk = np.histogram(kept, edges)[0]
-    artifacts.write_csv(out / "mi_forgotten_vs_kept.csv", [
-        {"mi": round(float((edges[i] + edges[i + 1]) / 2), 6),
-         "forgotten": round(float(hf[i] / max(hf.sum(), 1)), 6), "kept": round(float(hk[i] / max(hk.sum(), 1)), 6)}
-        for i in range(len(hf))])
-    # The own-task model's softmax spans the classes seen by then, so a later (in the ordered stream,
-    # smaller) class's MI is over more classes; the final model's spans every class alike.
-    plots.scatter([r["count"] for r in by_class], {
-        "own-task model (softmax over the classes seen by then)": [r["mean_mi"] for r in by_class],
-        "final model (softmax over every class)": [r["mean_mi_final"] for r in by_class]},
-        "training images of the class", "mean MI", "Uncertainty against class frequency",
-        out / "uncertainty_vs_frequency.png")
-    plots.histograms({"forgotten": forgotten.tolist(), "kept": kept.tolist()}, "MI (own-task model)",
-                     "Forgotten vs kept training samples", out / "forgotten_vs_kept.png", bins=edges)
+    # reports/score (this stage's alone) is written whole in a temporary folder that replaces it in one
+    # rename, as evaluate's reports/eval: killed midway, new CSVs stood beside the old plots.
+    with artifacts.atomic_dir(paths.SCORE_REPORTS) as out:
+        artifacts.write_csv(out / "by_class.csv", by_class)
+        # A method without an MC-dropout score has NaN MI: its histograms are empty.
+        scored = ~np.isnan(data["mi"])
+        forgotten = data["mi"][learned & data["forgotten"] & scored]
+        kept = data["mi"][learned & ~data["forgotten"] & scored]
+        edges = np.linspace(0, max(float(data["mi"][train & scored].max()) if (train & scored).any() else 0.0, 1e-6), 21)
+        hf = np.histogram(forgotten, edges)[0]
+        hk = np.histogram(kept, edges)[0]
+        artifacts.write_csv(out / "mi_forgotten_vs_kept.csv", [
+            {"mi": round(float((edges[i] + edges[i + 1]) / 2), 6),
+             "forgotten": round(float(hf[i] / max(hf.sum(), 1)), 6), "kept": round(float(hk[i] / max(hk.sum(), 1)), 6)}
+            for i in range(len(hf))])
+        # The own-task model's softmax spans the classes seen by then, so a later (in the ordered stream,
+        # smaller) class's MI is over more classes; the final model's spans every class alike.
+        plots.scatter([r["count"] for r in by_class], {
+            "own-task model (softmax over the classes seen by then)": [r["mean_mi"] for r in by_class],
+            "final model (softmax over every class)": [r["mean_mi_final"] for r in by_class]},
+            "training images of the class", "mean MI", "Uncertainty against class frequency",
+            out / "uncertainty_vs_frequency.png")
+        plots.histograms({"forgotten": forgotten.tolist(), "kept": kept.tolist()}, "MI (own-task model)",
+                         "Forgotten vs kept training samples", out / "forgotten_vs_kept.png", bins=edges)
     summary = {"score.mean_mi": mean(data["mi"][train & trained]),
                "score.forgotten_rate": rate(data["forgotten"][learned]),
                "score.mi_forgotten": float(forgotten.mean()) if forgotten.size else nan,
@@ -293,6 +295,6 @@ def _summaries(data: dict, manifest: dict, tracker, learns_each_task: bool = Tru
     if tracker is not None:
         tracker.log_once("pbr.score.logged", [(0, summary)])
         faults.point("score:logged")
-        for f in sorted(out.iterdir()):
+        for f in sorted(paths.SCORE_REPORTS.iterdir()):
             tracker.log_artifact(f, "score")
     return summary
