@@ -310,8 +310,8 @@ def plain(tmp_path_factory):
 def _comparable(uri: str, run) -> tuple:
     """What a run records, less what differs between two recordings of it (ids, times, its origin, the
     folder it ran in, the process's start; the heartbeat, which MLflow stores only get)."""
-    extra = {sync.ORIGIN_TAG, sync.VERSION_TAG, sync.SOURCE_TAG, sync.BARE_TAG, "pbr.checkout", "pbr.pid_start",
-             "pbr.heartbeat"}
+    extra = {sync.ORIGIN_TAG, sync.VERSION_TAG, sync.SOURCE_TAG, sync.BARE_TAG, "pbr.checkout", "pbr.workdir",
+             "pbr.pid_start", "pbr.heartbeat"}
     history = {k: sorted((v, step) for v, _, step in h) for k, h in _history(uri, run).items()}
     return (run.info.run_name, run.info.status, run.data.params, {k: v for k, v in run.data.tags.items()
                                                                   if k not in extra}, history)
@@ -479,6 +479,63 @@ def test_a_stage_joins_its_own_executions_run_only(tmp_path, monkeypatch, store)
         pass
     mine = {(r.data.tags["pbr.host"], r.info.status) for r in all_runs() if r.info.run_name.startswith("None-")}
     assert mine == {(socket.gethostname(), "FINISHED"), ("their-node", "KILLED")}
+
+
+@pytest.mark.parametrize("store", ["journal", "sqlite"])
+def test_the_next_dvc_exp_run_of_a_killed_one_joins_its_run(tmp_path, monkeypatch, store):
+    """`dvc exp run` names each try anew: the try after a kill while scoring skips train (DVC kept it)
+    and its stages went on in a second run, without train's records. They join the killed try's run,
+    in this folder only (queue workers run in copies of their own) and while its training is the one
+    on disk. (A real `dvc exp run` killed and run again: test_methods_dvc.)"""
+    folder = tmp_path / "journal"
+    uri = journal.uri(folder) if store == "journal" else f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    params = tmp_path / "params.yaml"
+    params.write_text("seed: 4\n")
+    trained = tmp_path / "ws" / "artifacts" / "train" / "run.json"
+    trained.parent.mkdir(parents=True)
+    trained.write_text('{"fingerprint": "f1"}')
+
+    def execution(name, *stages, where="ws", killed=False):
+        monkeypatch.chdir(tmp_path / where)
+        monkeypatch.setenv("DVC_EXP_NAME", name)
+        for stage in stages:
+            with contextlib.suppress(KeyboardInterrupt), tracking.stage_run(stage, {"seed": 4}, params,
+                                                                             {"pbr.fingerprint": "f1"}):
+                if killed and stage == stages[-1]:
+                    raise KeyboardInterrupt
+
+    def runs():
+        if store == "journal":
+            found = journal.Reader(folder).search_runs(["pbr"])
+        else:
+            from mlflow import MlflowClient
+
+            client = MlflowClient(uri)
+            found = client.search_runs([client.get_experiment_by_name("pbr").experiment_id])
+        return sorted((r.info.run_name, r.info.status, sorted(k.removeprefix("pbr.stage.") for k, v in
+                                                              r.data.tags.items() if v == "done"))
+                      for r in found)
+
+    execution("first", "prepare", "train", "score", killed=True)
+    execution("second", "score", "evaluate")
+    assert runs() == [("second", "FINISHED", ["evaluate", "prepare", "score", "train"])]
+    # Killed again after train, then run with other training on disk (code edited, uncommitted): theirs.
+    execution("third", "train", "score", killed=True)
+    trained.write_text('{"fingerprint": "f2"}')
+    execution("fourth", "score")
+    assert runs() == [("fourth", "FINISHED", ["score"]), ("second", "FINISHED", ["evaluate", "prepare", "score", "train"]),
+                      ("third", "KILLED", ["train"])]
+    # Two queue workers (copies under .dvc/tmp/exps, one checkout) of these settings: one between train
+    # and score, the other scoring (its train kept): each has its own run.
+    for w in ("a", "b"):
+        (tmp_path / "ws/.dvc/tmp/exps" / w / "artifacts/train").mkdir(parents=True)
+        (tmp_path / "ws/.dvc/tmp/exps" / w / "artifacts/train/run.json").write_text('{"fingerprint": "f1"}')
+    execution("qa", "train", where="ws/.dvc/tmp/exps/a")
+    execution("qb", "score", where="ws/.dvc/tmp/exps/b")
+    execution("qa", "score", where="ws/.dvc/tmp/exps/a")
+    assert [r for r in runs() if r[0].startswith("q")] == [("qa", "FINISHED", ["score", "train"]),
+                                                          ("qb", "FINISHED", ["score"])]
 
 
 @pytest.mark.parametrize("store", ["journal", "sqlite"])

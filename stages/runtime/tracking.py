@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shlex
 import socket
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from pbr.errors import UserError
-from stages.runtime.paths import anchor, from_repo, repo_root
+from stages.runtime.paths import TRAIN, anchor, from_repo, repo_root
 
 EXPERIMENT = "pbr"
 OFFLINE_DIR = "mlflow-offline"  # at the repository root, beside mlflow.db
@@ -566,6 +567,17 @@ def _done_here_or_later(stage: str, tags: dict) -> bool:
     return any(tags.get(f"pbr.stage.{s}") == "done" for s in later)
 
 
+def _trained_on_disk(stage: str, tags: dict) -> bool:
+    """Whether the training a run holds (its `pbr.fingerprint`, where it has one) is the one this
+    stage reads (artifacts/train/run.json): always for the stages up to train, which train again."""
+    if stage in STAGES[:STAGES.index("train") + 1] or "pbr.fingerprint" not in tags:
+        return True
+    try:
+        return json.loads((TRAIN / "run.json").read_text()).get("fingerprint") == tags["pbr.fingerprint"]
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 @contextlib.contextmanager
 def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: dict | None = None
               ) -> Iterator[StageRun]:
@@ -576,7 +588,7 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
     # Whenever the run is RUNNING it names this process, so that a kill at any instant leaves a run the
     # next stage marks KILLED, never one RUNNING for good.
     me = {"pbr.pid": str(os.getpid()), "pbr.pid_start": process_start(os.getpid()), "pbr.host": socket.gethostname(),
-          "pbr.checkout": str(anchor())}
+          "pbr.checkout": str(anchor()), "pbr.workdir": str(Path.cwd().resolve())}
     if isinstance(rec, _MlflowRecorder):  # where the stage beats (heartbeat): not in plain files, whose first
         # beat would go stale while the stage runs; a joined run's last beat is its killed try's until the thread's
         me["pbr.heartbeat"] = str(int(time.time()))
@@ -593,6 +605,15 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
         same = all(tags.get(k) == me[k] for k in ("pbr.host", "pbr.checkout"))
         return tags.get("dvc.exp_name", "") == exp_name and (status == "FINISHED" or same)
 
+    # `dvc exp run` names each try anew (without -n): the try after one killed while scoring skipped
+    # train (DVC had committed it) and started a second run, without train's records. A stage with
+    # no run of its name to join takes, under the same rule, the latest run of its settings made in
+    # this very folder of this machine: the killed try's. Never a queue worker's (each runs in a copy
+    # of its own, so queued runs never join each other), nor, after train, one whose training is not
+    # the one on disk (the key holds no code hash: training code edited, not committed, keeps it).
+    def here(tags: dict, status: str) -> bool:
+        return all(tags.get(k) == me[k] for k in ("pbr.host", "pbr.checkout", "pbr.workdir"))
+
     stage_tags = {**git, **me, "pbr.stage": stage, "dvc.exp_name": exp_name,
                   "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
                   "mlflow.runName": os.environ.get("DVC_EXP_NAME") or f"{flat_params.get('method.name')}-"
@@ -605,6 +626,10 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
         return run_id
 
     found = rec.latest_ended("pbr.pipeline_key", key, ours)
+    if found is None or _done_here_or_later(stage, found[1]):
+        found = rec.latest_ended("pbr.pipeline_key", key, here)
+        if found is not None and not _trained_on_disk(stage, found[1]):
+            found = None
     if found is not None and not _done_here_or_later(stage, found[1]):
         run_id, joined, was = found
         # A try killed between creating its run and logging its params (fresh) left a run without them.
