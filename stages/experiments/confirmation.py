@@ -114,17 +114,18 @@ def _keep_the_plans(runs_by_row: dict[str, list[report.RunRecord]],
     """The runs whose `setting` (run -> dict) is the most common one of their scope, and a note per
     row on those left out: the plan runs every row with every other key as params.yaml has it, so
     a run off it (another batch size, data seed, compiled step) is not one of the plan's runs."""
-    counts = Counter(tuple(sorted(setting(r).items())) for rs in runs_by_row.values() for r in rs)
+    of = {id(r): setting(r) for rs in runs_by_row.values() for r in rs}  # once a run: resolving is slow
+    counts = Counter(tuple(sorted(of[id(r)].items())) for rs in runs_by_row.values() for r in rs)
     if not counts:
         return runs_by_row, {}
     plan = dict(counts.most_common(1)[0][0])
     kept, notes = {}, {}
     for row, rs in runs_by_row.items():
-        kept[row] = [r for r in rs if setting(r) == plan]
+        kept[row] = [r for r in rs if of[id(r)] == plan]
         for r in rs:
-            if setting(r) != plan:
+            if of[id(r)] != plan:
                 notes.setdefault(row, []).append(f"run {r.run_id} (seed {r.params.get('seed')}) left out, off the "
-                                                 f"plan's settings: {_differences(setting(r), plan)}")
+                                                 f"plan's settings: {_differences(of[id(r)], plan)}")
     return kept, notes
 
 
@@ -193,14 +194,23 @@ def provenance(groups: dict[str, report.Group]) -> list[str]:
 def rows_by_seed(groups: list[report.Group], mode: str = "class_il", metric: str = "acc",
                  plan: Plan = FIRST) -> dict[str, dict[str, float]]:
     """Each row's value per confirmation seed, from the groups of the confirmation's cell."""
+    return _by_seed(cell_groups(groups, plan), plan, mode, metric)
+
+
+def _by_seed(counted: dict[str, report.Group], plan: Plan, mode: str = "class_il",
+             metric: str = "acc") -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {label: {} for label in plan.rows}
-    for label, g in cell_groups(groups, plan).items():
+    for label, g in counted.items():
         out[label] = {s: v for s, v in g.by_seed(mode, metric).items() if s in plan.seeds}
     return out
 
 
 def compare(groups: list[report.Group], plan: Plan = FIRST) -> list[Comparison]:
-    rows = rows_by_seed(groups, plan=plan)
+    return _compare(cell_groups(groups, plan), plan)
+
+
+def _compare(counted: dict[str, report.Group], plan: Plan) -> list[Comparison]:
+    rows = _by_seed(counted, plan)
     out = []
     for name, a, b, claim in plan.comparisons:
         seeds = sorted(rows[a].keys() & rows[b].keys(), key=int)
@@ -215,7 +225,9 @@ def compare(groups: list[report.Group], plan: Plan = FIRST) -> list[Comparison]:
 
 
 def render(groups: list[report.Group], plan: Plan = FIRST) -> str:
-    comps = compare(groups, plan)
+    # The plan's runs picked once: each pick resolves every run's settings again (seconds a pick).
+    counted = cell_groups(groups, plan)
+    comps = _compare(counted, plan)
     lines = [f"# {plan.title} (docs/preregistration.md)", "",
              "Seq-CIFAR-10-LT, ordered, IR 0.01, buffer 200, proxy budget, CPU fp32, seeds "
              f"{plan.seeds[0]}-{plan.seeds[-1]}. Final Class-IL ACC (%).", "",
@@ -223,11 +235,11 @@ def render(groups: list[report.Group], plan: Plan = FIRST) -> str:
     for label, row in plan.rows.items():
         cells = []
         for mode, metric in (("class_il", "acc"), ("task_il", "acc"), ("class_il", "minority_acc")):
-            v = list(rows_by_seed(groups, mode, metric, plan)[label].values())
+            v = list(_by_seed(counted, plan, mode, metric)[label].values())
             # One seed has no spread: its mean and n, not "± 0.00".
             cells.append("-" if not v else f"{statistics.fmean(v):.2f} ± {statistics.stdev(v):.2f}" if len(v) > 1
                          else f"{v[0]:.2f} (n=1)")
-        n = len(rows_by_seed(groups, plan=plan)[label])
+        n = len(_by_seed(counted, plan)[label])
         lines.append(f"| {label} | `{row}` | {n} | " + " | ".join(cells) + " |")
     lines += ["", "| # | A - B | n | mean | 95% interval | p | Holm p | verdict | the paper |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -238,7 +250,6 @@ def render(groups: list[report.Group], plan: Plan = FIRST) -> str:
         low, high = c.interval()
         lines.append(f"| {c.name} | {c.a} - {c.b} | {c.n} | {c.mean:+.2f} | [{low:+.2f}, {high:+.2f}] | "
                      f"{c.p:.3g} | {c.holm:.3g} | {c.verdict()} | {c.claim} |")
-    counted = cell_groups(groups, plan)
     notes = [note for g in counted.values() for note in g.notes]
     lines += [""] + provenance(counted) if any(g.runs for g in counted.values()) else []
     if notes:

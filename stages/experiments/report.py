@@ -492,18 +492,21 @@ def group_runs(runs: Iterable[RunRecord]) -> tuple[list[Group], list[str]]:
 
     for g in groups.values():
         # Repeats: same seed and same settings -> the newest run.
+        # Each run's settings resolved once (a resolve is a method's options: slow, run after run).
+        sig = {id(r): _signature(r.params) for r in g.runs}
         newest: dict[tuple, RunRecord] = {}
         for r in sorted(g.runs, key=lambda r: r.start_time):
-            newest[(r.params.get("seed"), _signature(r.params))] = r
+            newest[(r.params.get("seed"), sig[id(r)])] = r
         if len(newest) < len(g.runs):
             g.notes.append(f"{g.describe()}: {len(g.runs) - len(newest)} older run(s) repeating a seed "
                            f"with the same settings left out")
         g.runs = sorted(newest.values(), key=lambda r: (r.params.get("seed", ""), r.start_time))
         # Mixed settings: say which params differ.
-        keys = set().union(*(dict(_signature(r.params)) for r in g.runs))
+        keys = set().union(*(dict(sig[id(r)]) for r in g.runs))
+        res = [resolved(r.params) for r in g.runs] if len(g.runs) > 1 else []
         differ = []
         for k in sorted(keys):
-            vals = sorted({resolved(r.params).get(k, "<unset>") for r in g.runs})
+            vals = sorted({p.get(k, "<unset>") for p in res})
             if len(vals) > 1:
                 differ.append(f"{k} ({', '.join(vals[:4])}{', ...' if len(vals) > 4 else ''})")
         if differ:
