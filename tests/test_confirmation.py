@@ -1,6 +1,7 @@
 """`pbr confirm`: the pre-registered comparisons on hand-made runs, checked against hand
 computations (for 2 degrees of freedom Student's t has P(|T| <= t) = t / sqrt(2 + t^2))."""
 
+import dataclasses
 import math
 import re
 
@@ -179,8 +180,8 @@ def test_runs_off_the_plans_settings_are_left_out_and_the_notes_say_which_and_ho
     assert "| PBR (random) | `pbr-random` | 2 | 50.00 ± 1.41 |" in text  # 49, 51: the data seed 7 run out
     assert re.search(r"\| C2 \| PBR - PBR \(random\) \| 2 \| \+1\.00 \|", text)
     assert re.search(r"- note: .*: 1 run\(s\) not of one thread a run left out", text)
-    assert re.search(r"- note: .*run pbr-101-compiled \(seed 101\) left out.*train\.compile true \(the plan's <unset>\)", text)
-    assert re.search(r"- note: .*run pbr-random-102 \(seed 102\) left out.*data\.seed 7 \(the plan's <unset>\)", text)
+    assert re.search(r"- note: .*run pbr-101-compiled \(seed 101\) left out.*train\.compile true \(the plan's False\)", text)
+    assert re.search(r"- note: .*run pbr-random-102 \(seed 102\) left out.*data\.seed 7 \(the plan's 1993\)", text)
     assert "differ in" not in text  # nothing was averaged together
 
 
@@ -191,8 +192,8 @@ def test_a_row_run_off_the_other_rows_settings_is_left_out():
             RunRecord(r.run_id, {**r.params, "train.batch_size": "64"}, r.metrics, 0, r.tags) for r in _runs()]
     comps = {c.name: c for c in confirmation.compare(report.group_runs(runs)[0])}
     assert comps["C3"].n == 0 and comps["C1"].n == 3 and comps["C4"].n == 3
-    assert re.search(r"run er-lr0\.03-100 \(seed 100\) left out.*train\.batch_size 64",
-                     confirmation.render(report.group_runs(runs)[0]))
+    assert re.search(r"ER \(lr 0\.03\).*: 3 runs \(seeds 100-102\) left out, off the plan's settings: "
+                     r"train\.batch_size 64 \(the plan's 32\)$", confirmation.render(report.group_runs(runs)[0]), re.M)
 
 
 def test_the_table_names_the_runs_commits_and_data_and_warns_of_uncommitted_code():
@@ -215,3 +216,46 @@ def test_the_table_resolves_each_runs_settings_a_few_times_not_per_cell(monkeypa
     monkeypatch.setattr(report, "resolved", lambda p: calls.append(1) or real(p))
     assert "| PBR | `pbr` | 3 | 52.00 ± 2.00 |" in confirmation.render(groups)
     assert len(calls) <= 10 * len(runs)  # the old code: 19,422 for these 22 runs
+
+
+def test_a_row_run_off_the_plan_in_its_own_keys_is_left_out_whatever_the_number_or_order_of_runs():
+    """A row's own keys (lr, head, dropout) were checked against nothing: a row whose every run had
+    another dropout counted, and beside as many runs of another dropout the plan's runs counted or
+    not by the order of the runs. The plan's settings are known: ER's own lr and dropout are ER's."""
+    def dropout(rows, value=99.0):
+        return [RunRecord(f"{r.run_id}-d0.3", {**r.params, "model.dropout": "0.3"}, {**r.metrics, "class_il.acc": value},
+                          0, r.tags) for r in _runs() if r.run_id.rsplit("-", 1)[0] in rows]
+
+    runs = [r for r in _runs() if not r.run_id.startswith("pbr-random")] + dropout({"pbr-random"})
+    comps = {c.name: c for c in confirmation.compare(report.group_runs(runs)[0])}
+    assert comps["C2"].n == 0 and comps["C1"].n == 3
+    assert re.search(r"PBR \(random\).*: 3 runs \(seeds 100-102\) left out, off the plan's settings: "
+                     r"model\.dropout 0\.3 \(the plan's 0\.1\)$", confirmation.render(report.group_runs(runs)[0]), re.M)
+    # As many off-plan runs as plan runs, first or last: the plan's count (C2: 50, 52, 54 - 49, 51, 53).
+    for runs in (dropout({"pbr-random"}) + _runs(), _runs() + dropout({"pbr-random"})):
+        comps = {c.name: c for c in confirmation.compare(report.group_runs(runs)[0])}
+        assert comps["C2"].diffs == [1.0, 1.0, 1.0]
+    # ER at PBR's dropout is not ER's row.
+    runs = [r for r in _runs() if not r.run_id.startswith("er-lr0.1")] + dropout({"er-lr0.1"})
+    assert {c.name: c.n for c in confirmation.compare(report.group_runs(runs)[0])}["C4"] == 0
+
+
+def test_runs_recorded_in_the_old_spelling_are_the_plans():
+    """The first confirmation's runs were recorded before each method's keys moved under its name,
+    their auto values in their resolved.* tags: read as `pbr report` reads them, they count."""
+    from stages.runtime.config import ADDED_LATER
+
+    # As `pbr report` reads every run: the keys added since with the value before them.
+    runs = [dataclasses.replace(r, params={**ADDED_LATER, **r.params}) for r in _runs()
+            if not r.run_id.startswith(("pbr-random", "pbr-literal"))]
+    for row, key, values in (("pbr-random", {"method.buffer_order": "random"}, (49, 51, 53)),
+                             ("pbr-literal", {"method.preset": "paper"}, (50, 52, 54))):
+        tags = {"pbr.device": "cpu", "resolved.head": "cosine", "resolved.dropout": "0.1"}
+        tags.update({"resolved.tau1": "0.1", "resolved.lr": "0.03"} if row == "pbr-literal" else {"resolved.tau1": "1.0"})
+        for seed, v in zip((100, 101, 102), values):
+            old = {**BASE, "method.name": "pbr", "method.tau1": "auto", "method.reservoir": "first_epoch",
+                   "model.head": "auto", "model.dropout": "auto", **key, "seed": str(seed)}
+            runs.append(RunRecord(f"{row}-{seed}", report.pin_auto(report.respell({**ADDED_LATER, **old}), tags),
+                                  {"class_il.acc": float(v)}, 0, tags))
+    comps = {c.name: c for c in confirmation.compare(report.group_runs(runs)[0])}
+    assert comps["C2"].diffs == [1.0, 1.0, 1.0] and comps["C5"].diffs == [0.0, 0.0, 0.0]

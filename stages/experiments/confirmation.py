@@ -11,22 +11,30 @@ import dataclasses
 import math
 import statistics
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from stages.experiments import report
 
 CELL = {"budget": "proxy", "setting": "ordered", "imbalance_ratio": 0.01, "dataset": "cifar10",
         "n_tasks": 5, "buffer_size": 200, "device": "cpu", "precision": "fp32"}
+# The -S values of the registered commands (docs/preregistration.md).
+REGISTERED = {"train.precision": "fp32", "train.threads": 1}
 
 
 @dataclass(frozen=True)
 class Plan:
     """One pre-registered confirmation: its seeds, its rows (as `pbr report` labels them, with the
-    fidelity grid's row names) and its comparisons (name, A, B, the paper's claim)."""
+    fidelity grid's row names) and its comparisons (name, A, B, the paper's claim). Its runs are
+    the fidelity grid's rows at `budget` with the registered -S values `settings`, every other key
+    params.yaml's: a default changed after a plan ran goes into its `settings`, with the value its
+    runs had, or every run of the plan would read as off it."""
     title: str
     seeds: tuple[str, ...]
     rows: dict[str, str]
     comparisons: tuple[tuple[str, str, str, str], ...]
+    budget: str = "proxy"
+    settings: dict[str, Any] = field(default_factory=lambda: dict(REGISTERED))
 
 
 PLANS = {
@@ -104,66 +112,65 @@ def holm(ps: list[float]) -> list[float]:
     return out
 
 
-def _differences(theirs: dict[str, str], plan: dict[str, str]) -> str:
-    keys = sorted(k for k in theirs.keys() | plan.keys() if theirs.get(k) != plan.get(k))
-    return "; ".join(f"{k} {theirs.get(k, '<unset>')} (the plan's {plan.get(k, '<unset>')})" for k in keys)
+def expected_settings(plan: Plan) -> dict[str, dict[str, str]]:
+    """Each row's settings as `pbr report` reads its runs' (the signature: "auto"s as the run's
+    `resolved.*` tags have them, resolved on a CPU as the plan runs): params.yaml's defaults, the
+    plan's budget and -S values, and the row's cell of the fidelity grid."""
+    import types
+
+    from stages.experiments import sweep
+    from stages.pipeline.run_settings import RunSettings
+    from stages.runtime.config import Config, from_dict
+
+    base = Config().to_dict()  # params.yaml's values (the schema's defaults are the file's)
+    cells = {c["_row"]: c for c in sweep.fidelity(base)}
+    out = {}
+    for label, row in plan.rows.items():
+        over = {**sweep.BUDGETS[plan.budget], **plan.settings, **{k: v for k, v in cells[row].items() if k[0] != "_"}}
+        cfg = from_dict(sweep._merged(base, over))
+        tags = RunSettings.resolve(cfg, types.SimpleNamespace(type="cpu")).tags()
+        params = report.pin_auto({k: str(v) for k, v in cfg.flat().items()}, {k: str(v) for k, v in tags.items()})
+        out[label] = dict(report._signature(params))
+    return out
 
 
-def _keep_the_plans(runs_by_row: dict[str, list[report.RunRecord]],
-                    setting) -> tuple[dict[str, list[report.RunRecord]], dict[str, list[str]]]:
-    """The runs whose `setting` (run -> dict) is the most common one of their scope, and a note per
-    row on those left out: the plan runs every row with every other key as params.yaml has it, so
-    a run off it (another batch size, data seed, compiled step) is not one of the plan's runs."""
-    of = {id(r): setting(r) for rs in runs_by_row.values() for r in rs}  # once a run: resolving is slow
-    counts = Counter(tuple(sorted(of[id(r)].items())) for rs in runs_by_row.values() for r in rs)
-    if not counts:
-        return runs_by_row, {}
-    plan = dict(counts.most_common(1)[0][0])
-    kept, notes = {}, {}
-    for row, rs in runs_by_row.items():
-        kept[row] = [r for r in rs if of[id(r)] == plan]
-        for r in rs:
-            if of[id(r)] != plan:
-                notes.setdefault(row, []).append(f"run {r.run_id} (seed {r.params.get('seed')}) left out, off the "
-                                                 f"plan's settings: {_differences(of[id(r)], plan)}")
-    return kept, notes
-
-
-# What a row's method decides for itself: its lr and lr schedule (ER's rows set the lr), and the head
-# and dropout its `auto` resolves to (PBR's cosine head and dropout, ER's linear one without).
-ROW_OWN = ("train.lr", "train.lr_milestones", "model.head", "model.dropout")
-
-
-def _outside_the_row(r: report.RunRecord) -> dict[str, str]:
-    """What every row of a plan shares: the settings but the method's own."""
-    return {k: v for k, v in report._signature(r.params) if not k.startswith("method.") and k not in ROW_OWN}
+def _off_the_plan(theirs: dict[str, str], plan: dict[str, str]) -> str:
+    """The run's settings that are not the plan's, "" for none. A key the run does not record was
+    added after it ran (what it did then is in its other keys); a key the plan does not know is not
+    the plan's."""
+    keys = sorted(k for k in theirs if theirs[k] != plan.get(k))
+    return "; ".join(f"{k} {theirs[k]} (the plan's {plan.get(k, '<unset>')})" for k in keys)
 
 
 def cell_groups(groups: list[report.Group], plan: Plan = FIRST) -> dict[str, report.Group]:
     """The group of each plan row in the confirmation's cell (CELL holds every key of a group but
     the row, so a row has one group at most), holding its runs on the plan's seeds of one thread a
     run, as the plan says (a thread count moves a CPU run's last digits, and those the walk's
-    choices), with every other setting the plan's: the one most of the rows' runs share outside
-    the rows' own keys, and within a row the one most of its runs have."""
+    choices), with every other setting the plan's (expected_settings): no run is chosen by what
+    most runs have, so runs off the plan never outvote it, whatever their number or order."""
     cell = [g for g in groups if g.method in plan.rows and all(getattr(g, k) == v for k, v in CELL.items())]
-    ran = {g.method: [r for r in g.runs if r.params.get("seed") in plan.seeds] for g in cell}
-    one = {row: [r for r in rs if r.params.get("train.threads") == "1"] for row, rs in ran.items()}
-    one, shared_notes = _keep_the_plans(one, _outside_the_row)
-    notes: dict[str, list[str]] = {}
-    for row, rs in one.items():
-        kept, row_notes = _keep_the_plans({row: rs}, lambda r: dict(report._signature(r.params)))
-        one[row] = kept[row]
-        notes[row] = shared_notes.get(row, []) + row_notes.get(row, [])
+    expected = expected_settings(plan)
     out = {}
     for g in cell:
+        ran = [r for r in g.runs if r.params.get("seed") in plan.seeds]
+        one = [r for r in ran if r.params.get("train.threads") == "1"]
+        kept, off = [], {}
+        for r in one:
+            why = _off_the_plan(dict(report._signature(r.params)), expected[g.method])
+            if why:
+                off.setdefault(why, []).append(r)
+            else:
+                kept.append(r)
         # Grouped again, so that the notes speak of the runs counted.
-        regrouped = report.group_runs(one[g.method])[0] or [dataclasses.replace(g, runs=[], notes=[])]
+        regrouped = report.group_runs(kept)[0] or [dataclasses.replace(g, runs=[], notes=[])]
         (h,) = regrouped
-        threads = len(ran[g.method]) - sum(r.params.get("train.threads") == "1" for r in ran[g.method])
-        if threads:
-            h.notes.append(f"{g.describe()}: {threads} run(s) not of one thread a run left out "
+        if len(one) < len(ran):
+            h.notes.append(f"{g.describe()}: {len(ran) - len(one)} run(s) not of one thread a run left out "
                            "(the plan runs one thread a run)")
-        h.notes += [f"{g.describe()}: {n}" for n in notes[g.method]]
+        for why, rs in off.items():
+            who = (f"run {rs[0].run_id} (seed {rs[0].params.get('seed')})" if len(rs) == 1 else
+                   f"{len(rs)} runs (seeds {report.seed_text(r.params.get('seed') for r in rs)})")
+            h.notes.append(f"{g.describe()}: {who} left out, off the plan's settings: {why}")
         out[g.method] = h
     return out
 
