@@ -259,3 +259,23 @@ def test_runs_recorded_in_the_old_spelling_are_the_plans():
                                   {"class_il.acc": float(v)}, 0, tags))
     comps = {c.name: c for c in confirmation.compare(report.group_runs(runs)[0])}
     assert comps["C2"].diffs == [1.0, 1.0, 1.0] and comps["C5"].diffs == [0.0, 0.0, 0.0]
+
+
+def test_runs_on_the_plans_seeds_left_out_for_their_machine_budget_or_row_are_counted_in_a_note():
+    """Every run on a GPU: each row had n = 0 and the table said nothing but INCOMPLETE. Now each
+    group of the plan's stream with runs on its seeds that it leaves out gets one note."""
+    cuda = [dataclasses.replace(r, tags={"pbr.device": "cuda"}) for r in _runs() if r.params["seed"] != "3"]
+    text = confirmation.render(report.group_runs(cuda)[0])
+    assert "| PBR | `pbr` | 0 | - |" in text
+    notes = [line for line in text.splitlines() if "left out: device cuda (the plan's cpu)" in line]
+    assert len(notes) == 6  # one a row, the 'full' run's (another budget) beside them
+    assert "- note: PBR, buffer 200, Seq-CIFAR-10-LT (5 tasks): 5 run(s) on seed(s) 100-103 left out: " \
+           "device cuda (the plan's cpu)" in text  # 100-102, the 'gpu' 103 and the two-threads 100
+    assert "PBR, buffer 200, Seq-CIFAR-10-LT (5 tasks): 1 run(s) on seed(s) 104 left out: budget full protocol " \
+           "(the plan's proxy); device cuda (the plan's cpu)" in text
+    # A row the plan does not have (PBR in random order with a linear head), on its seeds and stream.
+    linear = RunRecord("lin", {**BASE, **ROWS["pbr-random"][0], "model.head": "linear", "seed": "101"},
+                       {"class_il.acc": 1.0}, 0, {"pbr.device": "cpu"})
+    text = confirmation.render(report.group_runs([*_runs(), linear])[0])
+    assert re.search(r"- note: PBR \(random, linear\).*: 1 run\(s\) on seed\(s\) 101 left out: not one of the plan's rows$",
+                     text, re.M)

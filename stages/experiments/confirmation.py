@@ -18,8 +18,9 @@ from stages.experiments import report
 
 CELL = {"budget": "proxy", "setting": "ordered", "imbalance_ratio": 0.01, "dataset": "cifar10",
         "n_tasks": 5, "buffer_size": 200, "device": "cpu", "precision": "fp32"}
-# The -S values of the registered commands (docs/preregistration.md).
-REGISTERED = {"train.precision": "fp32", "train.threads": 1}
+# The -S values of the registered commands (docs/preregistration.md; train.device written there later).
+REGISTERED = {"train.precision": "fp32", "train.threads": 1, "train.device": "cpu"}
+STREAM = ("setting", "imbalance_ratio", "dataset", "n_tasks")  # CELL's keys that say the stream
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,25 @@ def cell_groups(groups: list[report.Group], plan: Plan = FIRST) -> dict[str, rep
     return out
 
 
+def left_out_elsewhere(groups: list[report.Group], plan: Plan = FIRST) -> list[str]:
+    """One note per group of the plan's stream with runs on the plan's seeds that is none of its
+    rows in its cell (a GPU or bf16 run, another budget or buffer, a row label the plan does not
+    have): the plan leaves them out, and says so. Another plan's rows on the same seeds are expected."""
+    others = {label for p in PLANS.values() if p is not plan and set(p.seeds) & set(plan.seeds) for label in p.rows}
+    notes = []
+    for g in groups:
+        if any(getattr(g, k) != CELL[k] for k in STREAM) or (g.method in others and g.method not in plan.rows):
+            continue
+        why = [f"{k} {getattr(g, k)} (the plan's {v})" for k, v in CELL.items() if k not in STREAM and getattr(g, k) != v]
+        if g.method not in plan.rows:
+            why.append("not one of the plan's rows")
+        on = [r for r in g.runs if r.params.get("seed") in plan.seeds]
+        if why and on:
+            seeds = report.seed_text(r.params["seed"] for r in on)
+            notes.append(f"{g.describe()}: {len(on)} run(s) on seed(s) {seeds} left out: {'; '.join(why)}")
+    return notes
+
+
 def provenance(groups: dict[str, report.Group]) -> list[str]:
     """Where the counted runs come from: code commits, uncommitted code, prepared data. A plan may
     reuse an earlier one's runs from another commit (the third confirmation does), so mixed commits
@@ -257,7 +277,7 @@ def render(groups: list[report.Group], plan: Plan = FIRST) -> str:
         low, high = c.interval()
         lines.append(f"| {c.name} | {c.a} - {c.b} | {c.n} | {c.mean:+.2f} | [{low:+.2f}, {high:+.2f}] | "
                      f"{c.p:.3g} | {c.holm:.3g} | {c.verdict()} | {c.claim} |")
-    notes = [note for g in counted.values() for note in g.notes]
+    notes = [note for g in counted.values() for note in g.notes] + left_out_elsewhere(groups, plan)
     lines += [""] + provenance(counted) if any(g.runs for g in counted.values()) else []
     if notes:
         lines += ([] if lines[-1].startswith(("Runs counted", "- note")) else [""]) + [f"- note: {note}" for note in notes]
