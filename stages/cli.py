@@ -132,13 +132,16 @@ def confirm(
     tracking_uri: str | None = typer.Option(
         None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite mlflow.db at the repository root)."),
     markdown: Path | None = typer.Option(None, "--markdown", help="Also write the table to this file."),
+    missing: list[str] = typer.Option([], "--missing", help="ROW=SEEDS: a row's seeds that cannot be completed (run "
+                                      "again, failed again), e.g. pbr-random=103: reported as missing, its "
+                                      "comparisons on the seeds both rows have (docs/preregistration.md)."),
 ) -> None:
     """A pre-registered confirmation (docs/preregistration.md): its comparisons on its seeds, 95%
     intervals, Holm-adjusted p and the verdicts by the page's rule."""
     from stages.experiments import confirmation
     from stages.runtime.tracking import experiment_name
 
-    text = confirmation.run(tracking_uri, experiment or experiment_name(), which)
+    text = confirmation.run(tracking_uri, experiment or experiment_name(), which, missing)
     typer.echo(text, nl=False)
     if markdown is not None:
         from stages.runtime import artifacts

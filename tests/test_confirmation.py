@@ -279,3 +279,42 @@ def test_runs_on_the_plans_seeds_left_out_for_their_machine_budget_or_row_are_co
     text = confirmation.render(report.group_runs([*_runs(), linear])[0])
     assert re.search(r"- note: PBR \(random, linear\).*: 1 run\(s\) on seed\(s\) 101 left out: not one of the plan's rows$",
                      text, re.M)
+
+
+def _ten(skip=()):
+    """Every row on seeds 100-109, PBR 1 above each other row but for a tenth on odd seeds."""
+    return [RunRecord(f"{row}-{s}", {**BASE, **params, "seed": str(s)},
+                      {"class_il.acc": 50.0 + s % 3 - (0 if row == "pbr" else 1 - 0.1 * (s % 2)), "task_il.acc": 80.0},
+                      0, {"pbr.device": "cpu"})
+            for row, (params, _) in ROWS.items() for s in range(100, 110) if (row, s) not in skip]
+
+
+def test_a_seed_not_run_is_named_and_no_verdict_is_printed_before_the_planned_n():
+    """A seed never completed was only a smaller n, and a verdict printed at n = 3 or 9 read like the
+    registered one. The plan: a seed that cannot be completed is reported as missing and its rows'
+    comparisons use the seeds both have: `--missing` says which, and those verdicts are final."""
+    text = confirmation.render(report.group_runs(_runs())[0])
+    assert "| C3 | PBR - ER (lr 0.03) | 3 | +11.00 | [+8.52, +13.48] | 0.00274 | 0.011 | (progress) |" in text
+    assert "Seeds missing: `pbr` 103-109; `pbr-random` 103-109; " in text
+    groups = report.group_runs(_ten(skip={("pbr-random", 104)}))[0]
+    text = confirmation.render(groups)
+    assert "Seeds missing: `pbr-random` 104.\n" in text and "INCOMPLETE" in text
+    assert re.search(r"\| C2 \| PBR - PBR \(random\) \| 9 \|.*\| \(progress\) \|", text)
+    assert re.search(r"\| C1 \| PBR - PBR \(online reservoir\) \| 10 \|.*\| above \|", text)
+    text = confirmation.render(groups, lost=confirmation.parse_missing(["pbr-random=104"]))
+    assert "Seeds missing: `pbr-random` 104 (cannot be completed).\n" in text and "INCOMPLETE" not in text
+    assert re.search(r"\| C2 \| PBR - PBR \(random\) \| 9 \|.*\| above \|", text)
+
+
+def test_missing_seeds_given_wrong_are_one_line_errors():
+    from pbr.errors import UserError
+
+    with pytest.raises(UserError, match=re.escape("--missing pbr-randm=104: write it as ROW=SEEDS with ROW one of pbr, "
+                                                  "pbr-random, pbr-reservoir, er-lr0.03, er-lr0.1, pbr-literal, "
+                                                  "e.g. --missing pbr=103")):
+        confirmation.parse_missing(["pbr-randm=104"])
+    with pytest.raises(UserError, match=re.escape("--missing pbr=5: seed 5 is not one of the plan's (100-109)")):
+        confirmation.parse_missing(["pbr=5"])
+    with pytest.raises(UserError, match=re.escape("--missing pbr=101: seed 101 has a counted run; --missing names the "
+                                                  "seeds that cannot be completed")):
+        confirmation.render(report.group_runs(_runs())[0], lost=confirmation.parse_missing(["pbr=101"]))

@@ -2,7 +2,9 @@
 there and nothing else: the plan's rows at the proxy budget on its confirmation seeds, on a CPU in
 fp32; its comparisons as paired differences of final Class-IL with a two-sided 95% t interval, a
 paired t-test's p and its Holm adjustment over the plan's comparisons, and the verdict by the
-page's rule. While any comparison has fewer seeds than planned, the table says it is no verdict yet.
+page's rule. While any comparison has fewer seeds than planned (a seed that cannot be completed
+named with --missing is not planned), its verdict reads "(progress)" and the table says it is no
+verdict yet; the seeds each row lacks are listed.
 """
 
 from __future__ import annotations
@@ -251,10 +253,42 @@ def _compare(counted: dict[str, report.Group], plan: Plan) -> list[Comparison]:
     return out
 
 
-def render(groups: list[report.Group], plan: Plan = FIRST) -> str:
+def parse_missing(items: list[str], plan: Plan = FIRST) -> dict[str, set[str]]:
+    """`--missing ROW=SEEDS` (pbr-random=103,107 or 103-104): a row's seeds that cannot be completed."""
+    from pbr.errors import UserError
+
+    out: dict[str, set[str]] = {}
+    for item in items:
+        row, _, text = item.partition("=")
+        try:
+            seeds = {str(s) for part in text.split(",") for s in
+                     (range(int(part.split("-")[0]), int(part.split("-")[1]) + 1) if "-" in part else [int(part)])}
+        except (ValueError, IndexError):
+            seeds = set()
+        if row not in plan.rows.values() or not seeds:
+            raise UserError(f"--missing {item}: write it as ROW=SEEDS with ROW one of {', '.join(plan.rows.values())}, "
+                            f"e.g. --missing {next(iter(plan.rows.values()))}={plan.seeds[3]}")
+        if seeds - set(plan.seeds):
+            raise UserError(f"--missing {item}: seed {min(seeds - set(plan.seeds), key=int)} is not one of the plan's "
+                            f"({report.seed_text(plan.seeds)})")
+        out.setdefault(row, set()).update(seeds)
+    return out
+
+
+def render(groups: list[report.Group], plan: Plan = FIRST, lost: dict[str, set[str]] | None = None) -> str:
+    """The plan's table. `lost`: the seeds of a row that cannot be completed (`--missing`), which the
+    plan reports as missing, its comparisons then on the seeds both rows have (docs/preregistration.md)."""
+    from pbr.errors import UserError
+
+    lost = lost or {}
     # The plan's runs picked once: each pick resolves every run's settings again (seconds a pick).
     counted = cell_groups(groups, plan)
     comps = _compare(counted, plan)
+    have = _by_seed(counted, plan)
+    for label, row in plan.rows.items():
+        if ran := lost.get(row, set()) & have[label].keys():
+            raise UserError(f"--missing {row}={','.join(sorted(lost[row], key=int))}: seed {min(ran, key=int)} has a "
+                            "counted run; --missing names the seeds that cannot be completed")
     lines = [f"# {plan.title} (docs/preregistration.md)", "",
              "Seq-CIFAR-10-LT, ordered, IR 0.01, buffer 200, proxy budget, CPU fp32, seeds "
              f"{plan.seeds[0]}-{plan.seeds[-1]}. Final Class-IL ACC (%).", "",
@@ -266,35 +300,51 @@ def render(groups: list[report.Group], plan: Plan = FIRST) -> str:
             # One seed has no spread: its mean and n, not "± 0.00".
             cells.append("-" if not v else f"{statistics.fmean(v):.2f} ± {statistics.stdev(v):.2f}" if len(v) > 1
                          else f"{v[0]:.2f} (n=1)")
-        n = len(_by_seed(counted, plan)[label])
-        lines.append(f"| {label} | `{row}` | {n} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | `{row}` | {len(have[label])} | " + " | ".join(cells) + " |")
+    missing = []  # a seed never completed is named, not only counted (docs/preregistration.md)
+    for label, row in plan.rows.items():
+        cannot = lost.get(row, set())
+        pending = set(plan.seeds) - have[label].keys() - cannot
+        parts = [report.seed_text(pending)] * bool(pending) + [f"{report.seed_text(cannot)} (cannot be completed)"] * bool(cannot)
+        if parts:
+            missing.append(f"`{row}` {', '.join(parts)}")
+    if missing:
+        lines += ["", "Seeds missing: " + "; ".join(missing) + "."]
     lines += ["", "| # | A - B | n | mean | 95% interval | p | Holm p | verdict | the paper |",
               "|---|---|---|---|---|---|---|---|---|"]
+    complete = []
     for c in comps:
+        # The plan's n: its seeds but those a row of the pair cannot complete. Below it, no verdict yet.
+        planned = set(plan.seeds) - lost.get(plan.rows[c.a], set()) - lost.get(plan.rows[c.b], set())
+        complete.append(c.n == len(planned))
         if c.n < 2:
             lines.append(f"| {c.name} | {c.a} - {c.b} | {c.n} | - | - | - | - | - | {c.claim} |")
             continue
         low, high = c.interval()
         lines.append(f"| {c.name} | {c.a} - {c.b} | {c.n} | {c.mean:+.2f} | [{low:+.2f}, {high:+.2f}] | "
-                     f"{c.p:.3g} | {c.holm:.3g} | {c.verdict()} | {c.claim} |")
+                     f"{c.p:.3g} | {c.holm:.3g} | {c.verdict() if complete[-1] else '(progress)'} | {c.claim} |")
     notes = [note for g in counted.values() for note in g.notes] + left_out_elsewhere(groups, plan)
     lines += [""] + provenance(counted) if any(g.runs for g in counted.values()) else []
     if notes:
         lines += ([] if lines[-1].startswith(("Runs counted", "- note")) else [""]) + [f"- note: {note}" for note in notes]
-    if any(c.n < len(plan.seeds) for c in comps):
+    if not all(complete):
         lines += ["", f"INCOMPLETE: the plan is n = {len(plan.seeds)} for every comparison; until then these are "
-                      "progress figures, not the pre-registered verdicts."]
+                      "progress figures, not the pre-registered verdicts. A seed that cannot be completed for a row "
+                      "(run again, failed again) is reported as missing and its comparisons use the seeds both rows "
+                      "have (docs/preregistration.md): name it with --missing ROW=SEEDS."]
     return "\n".join(lines) + "\n"
 
 
-def run(tracking_uri: str | None = None, experiment: str = report.DEFAULT_EXPERIMENT, which: str = "defaults") -> str:
+def run(tracking_uri: str | None = None, experiment: str = report.DEFAULT_EXPERIMENT, which: str = "defaults",
+        missing: list[str] = ()) -> str:
     from pbr.errors import UserError
 
     if which not in PLANS:
         raise UserError(f"pbr confirm {which}: no such confirmation; use one of {' | '.join(PLANS)}")
+    lost = parse_missing(list(missing), PLANS[which])
     uri = tracking_uri or report._default_uri()
     runs = report.collect_runs(uri, experiment, flag=tracking_uri is not None)
     if not runs:
         raise UserError(report.no_runs_message(uri, experiment, f"pbr confirm {which}"))
     groups, _ = report.group_runs(runs)
-    return render(groups, PLANS[which])
+    return render(groups, PLANS[which], lost)
