@@ -203,6 +203,8 @@ def sweep(
     from stages.runtime import mps
 
     share = mps.parse_mode(gpu_share)  # before --dry-run, which takes no other option's mistake either
+    if reserved := stage.reserved_seeds_warning(name, runs, budget):
+        typer.echo(f"warning: {reserved}", err=True)
     if shard_:
         k, n = stage.parse_shard(shard_)
         total = sum(r.cost for r in runs)

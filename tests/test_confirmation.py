@@ -318,3 +318,37 @@ def test_missing_seeds_given_wrong_are_one_line_errors():
     with pytest.raises(UserError, match=re.escape("--missing pbr=101: seed 101 has a counted run; --missing names the "
                                                   "seeds that cannot be completed")):
         confirmation.render(report.group_runs(_runs())[0], lost=confirmation.parse_missing(["pbr=101"]))
+
+
+def test_a_sweep_warns_of_cells_on_seeds_kept_for_a_confirmation_and_the_report_flags_their_rows():
+    """`pbr sweep fidelity --budget proxy --seeds 100-109` planned 35 readings on the first
+    confirmation's seeds without a word: a reading chosen by them would leave no unseen seeds."""
+    from pathlib import Path
+
+    from stages.experiments import sweep
+
+    params = Path(__file__).resolve().parent.parent / "params.yaml"
+    runs = sweep.plan("fidelity", [100], {}, {}, params, "proxy")
+    assert sweep.reserved_seeds_warning("fidelity", runs, "proxy") == (
+        f"{len(runs) - 6} of the {len(runs)} runs use seeds 100, kept for pre-registered confirmations "
+        "(docs/preregistration.md), in cells that are none of their rows: a choice made on them spends those seeds "
+        "(choices use the selection seeds 0-9)")  # the plan's six rows are its own
+    rows = {"only": ["pbr", "pbr-random", "pbr-reservoir", "er-lr0.03", "er-lr0.1", "pbr-literal"]}
+    assert sweep.reserved_seeds_warning("fidelity", [r for r in runs if r.row in rows["only"]], "proxy") is None
+    assert sweep.reserved_seeds_warning("fidelity", [sweep.Run("a", {"seed": 3}, row="pbr-out0.05")], "proxy") is None
+    assert sweep.reserved_seeds_warning("fidelity", [sweep.Run("a", {"seed": 304}, row="pbr")], "proxy").startswith(
+        "1 of the 1 runs use seeds 304, kept")  # the next confirmation's block
+    # The report: a reading on the first plan's seeds, and PBR on the next block's.
+    out = {**BASE, **ROWS["pbr"][0], "method.pbr.mi_outliers": "0.05"}
+    extra = [RunRecord(f"x-{s}", {**(out if s < 300 else {**BASE, **ROWS["pbr"][0]}), "seed": str(s)},
+                       {"class_il.acc": 1.0}, 0, {"pbr.device": "cpu"}) for s in (100, 101, 300)]
+    text = report.render_markdown(report.group_runs(_runs() + extra)[0])
+    flagged = [line for line in text.splitlines() if "kept for pre-registered confirmations" in line]
+    said = ": computed on seeds {}, kept for pre-registered confirmations (docs/preregistration.md) and not one of " \
+           "their rows: a choice made by it spends those seeds"
+    assert "- note: PBR (top 5% MI left out) [cpu, fp32], buffer 200, Seq-CIFAR-10-LT (5 tasks)" + said.format("100-101") \
+        in flagged
+    assert "- note: PBR [cpu, fp32], buffer 200, Seq-CIFAR-10-LT (5 tasks)" + said.format(300) in flagged
+    assert "- note: PBR [cuda, fp32], buffer 200, Seq-CIFAR-10-LT (5 tasks)" + said.format(103) in flagged
+    assert len(flagged) == 4  # and the full budget's 104; none for the plan's rows in its cell
+    assert "seeds 3 averaged with a pre-registered confirmation's 100-109" in text  # 300 is no selection seed

@@ -588,10 +588,10 @@ def _pooled_confirmation_notes(groups: list[Group]) -> list[str]:
     may have been (the selection seeds a setting was picked on: any seed of no confirmation), the
     row reads better than the plan's alone. One note a cell; two confirmations' fresh seeds pooled
     are no such mix."""
-    from stages.experiments.confirmation import PLANS
+    from stages.experiments.confirmation import reserved_blocks
 
-    blocks = sorted({p.seeds for p in PLANS.values()})
-    fresh = {s for block in blocks for s in block}
+    fresh = {s for block in reserved_blocks() for s in block}  # the next confirmation's block too
+    blocks = sorted(block for block, plans in reserved_blocks().items() if plans)
     notes = []
     for g in groups:
         seeds = {s for r in g.runs if (s := r.params.get("seed", "")).isdigit()}
@@ -602,6 +602,23 @@ def _pooled_confirmation_notes(groups: list[Group]) -> list[str]:
             notes.append(f"{g.describe()}: seeds {seed_text(seeds - fresh)} averaged with "
                          f"{whose} {' and '.join(held)} (docs/preregistration.md); {alone} alone: "
                          + " or ".join(f"`pbr report --seeds {h}`" for h in held))
+    return notes
+
+
+def _reserved_seed_notes(groups: list[Group]) -> list[str]:
+    """A row on seeds kept for a confirmation that is none of that confirmation's rows (another
+    reading, budget or machine on them, or any row on the next block): a choice made by it would
+    spend the seeds. One note a row."""
+    from stages.experiments.confirmation import in_cell, reserved_blocks
+
+    notes = []
+    for g in groups:
+        seeds = {s for r in g.runs if (s := r.params.get("seed", "")).isdigit()}
+        on = sorted({s for block, plans in reserved_blocks().items() if not any(in_cell(g, p) for p in plans)
+                     for s in seeds & set(block)}, key=int)
+        if on:
+            notes.append(f"{g.describe()}: computed on seeds {seed_text(on)}, kept for pre-registered confirmations "
+                         "(docs/preregistration.md) and not one of their rows: a choice made by it spends those seeds")
     return notes
 
 
@@ -660,7 +677,7 @@ def render_markdown(groups: list[Group], metric: str = "acc", skipped: Iterable[
                         f"seeds left out." + (f" Higher forgetting is worse: a positive difference is {_reference()} "
                                               f"forgetting more." if metric == "forgetting" else ""), ""] + paired
         notes = ([note for g in gs for note in g.notes] + _tuned_lr_notes(gs) + _unknown_machine_notes(gs)
-                 + _pooled_confirmation_notes(gs))
+                 + _pooled_confirmation_notes(gs) + _reserved_seed_notes(gs))
         if notes:
             out += [""] + [f"- note: {note}" for note in notes]
     skipped = list(skipped)

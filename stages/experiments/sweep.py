@@ -219,6 +219,7 @@ class Run:
     name: str                 # the DVC experiment name
     overrides: dict[str, Any]  # dotted key -> value, as `-S key=value`
     cost: float = 0.0          # expected cost, relative (expected_cost): what --shard balances
+    row: str | None = None     # a fidelity cell's row name
 
     def set_params(self) -> list[str]:
         return [f"{k}={_override(v)}" for k, v in self.overrides.items()]
@@ -382,11 +383,28 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
                 raise UserError(f"sweep {grid}: {e}") from None
             name = _name(grid, cell, seed, extra)
             runs.append(Run(name if budget == "full" else f"{name}-{budget}", overrides,
-                            expected_cost(from_dict(_merged(base, overrides)))))
+                            expected_cost(from_dict(_merged(base, overrides))), cell.get("_row")))
     if not runs:
         wanted = " ".join(f"{k}={','.join(map(str, v))}" for k, v in filters.items())
         raise UserError(f"--only {wanted}: no run of {grid} matches; see `pbr sweep {grid} --dry-run`")
     return runs
+
+
+def reserved_seeds_warning(grid: str, runs: list[Run], budget: str) -> str | None:
+    """One line when runs of cells that are none of a confirmation's rows use its seeds (or the next
+    confirmation's, docs/preregistration.md): a result on them that guides a choice spends them. A
+    warning, not a refusal: the plans' own rows are run so, and a user may run another plan."""
+    from stages.experiments.confirmation import reserved_blocks
+    from stages.experiments.report import seed_text
+
+    blocks = reserved_blocks()
+    off = [r for r in runs for block, plans in blocks.items() if str(r.overrides.get("seed")) in block and not any(
+        grid == "fidelity" and budget == p.budget and r.row in p.rows.values() for p in plans)]
+    if not off:
+        return None
+    return (f"{len(off)} of the {len(runs)} runs use seeds {seed_text(r.overrides['seed'] for r in off)}, kept for "
+            "pre-registered confirmations (docs/preregistration.md), in cells that are none of their rows: a "
+            "choice made on them spends those seeds (choices use the selection seeds 0-9)")
 
 
 def _refuse_unmatched(grid: str, filters: dict[str, list], has: dict[str, list]) -> None:
