@@ -33,6 +33,8 @@ def test_single_task():
 def test_non_square_rejected():
     with pytest.raises(ValueError):
         acc([[0.1, 0.2]])
+    with pytest.raises(ValueError, match="non-empty"):  # not an IndexError from inside
+        acc(np.zeros((0, 0)))
 
 
 def test_task_accuracy_masks():
@@ -70,6 +72,10 @@ def test_minority_tasks_and_scenario_metrics_by_hand():
     assert minority_tasks([5, 5, 5, 5]) == [2, 3]
     m = scenario_metrics([[90.0, float("nan")], [60.0, 80.0]], [1])
     assert m == {"acc": 70.0, "bwt": -30.0, "forgetting": 30.0, "minority_acc": 80.0}
+    # Three tasks, where forgetting is not -BWT: task 0 peaks after task 1 (70, not its 50 on the
+    # diagonal), so it forgot 10 while its BWT is +10; task 1 forgot nothing (80 -> 90).
+    m = scenario_metrics([[50.0, NAN, NAN], [70.0, 80.0, NAN], [60.0, 90.0, 90.0]], [1, 2])
+    assert m == pytest.approx({"acc": 80.0, "bwt": 10.0, "forgetting": 0.0, "minority_acc": 90.0})
 
 
 def test_the_training_loops_evaluation_masks_each_tasks_own_classes_where_they_are_not_contiguous():
