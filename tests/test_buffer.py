@@ -329,3 +329,24 @@ def test_write_is_the_public_way_in_later_rows_win_and_targets_past_the_end_drop
     assert buf.images[1, 0, 0, 0].item() == 1 and buf.labels[1].item() == 1  # row 1 came after row 0
     assert buf.images[0, 0, 0, 0].item() == 4 and buf.scores[0].item() == pytest.approx(0.9)
     assert buf.labels[2:].tolist() == [0, 0] and buf.images[2:].sum().item() == 0  # rows 2, 3 dropped
+
+
+def test_a_write_without_logits_or_scores_leaves_zeros_not_the_previous_occupants():
+    """Slot 0 held a sample with logits 7 and score 0.9; a policy that keeps neither (reservoir
+    without DER's logits) writes over it: the new sample must not inherit them (a DER replay or an
+    evict-by-score would read the old sample's values as the new one's)."""
+    buf = Buffer(2, SHAPE, n_classes=3)
+    images, labels, tasks, logits = _batch(torch.tensor([7, 8]))
+    buf.write(torch.tensor([0, 1]), images, labels, tasks, logits, scores=torch.tensor([0.9, 0.8]))
+    images, labels, tasks, _ = _batch(torch.tensor([5]))
+    buf.write(torch.tensor([0]), images, labels, tasks)
+    assert buf.labels.tolist() == [5, 8]
+    assert buf.logits.tolist() == [[0.0, 0.0, 0.0], [8.0, 8.0, 8.0]]
+    assert buf.scores.tolist() == pytest.approx([0.0, 0.8])
+
+
+def test_a_batch_whose_tasks_do_not_match_is_a_one_line_error():
+    buf = Buffer(4, SHAPE, n_classes=3)
+    images, labels, tasks, _ = _batch(torch.arange(3))
+    with pytest.raises(ValueError, match=r"^labels and tasks must be \[3\], got \(3,\) and \(2,\)$"):
+        buf.write(torch.arange(3), images, labels, tasks[:2])
