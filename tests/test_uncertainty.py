@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pbr.models import Net
-from pbr.uncertainty import mc_probs, mutual_information, predictive_entropy, score_images
+from pbr.uncertainty import mc_features, mc_probs, mutual_information, predictive_entropy, score_and_predict, score_images
 
 
 def _gen(seed: int = 0) -> torch.Generator:
@@ -111,6 +111,32 @@ def test_score_images(start_training):
         for s in range(0, 10, 4):
             ref.append(mutual_information(mc_probs(net, net.features(preprocess(images[s : s + 4])), 3, 0.1, g))[0])
     torch.testing.assert_close(mi, torch.cat(ref))
+
+
+def test_backbone_dropout_drops_a_share_p_and_keeps_the_mean():
+    """mc_features at p = 0.25 on a 1 x 1 map of ones (the pooled feature is the element itself):
+    as nn.Dropout, a quarter of the entries are 0 and the rest 1 / 0.75, so the mean stays 1. (The
+    readings test runs p = 0.5 only, where keeping with probability p or 1 - p looks the same.)"""
+    net = Net(3, width=4, head="linear", dropout=0.0)
+    feats = mc_features(net, torch.ones(4, 256, 1, 1), 8, 0.25, _gen(15))
+    assert feats.shape == (8, 4, 256)
+    assert feats.unique().tolist() == [0.0, pytest.approx(1 / 0.75)]
+    assert abs((feats == 0).float().mean().item() - 0.25) < 0.03  # 8192 draws: sd 0.005
+    assert abs(feats.mean().item() - 1.0) < 0.03
+
+
+def test_the_prediction_over_some_classes_is_an_original_class_index():
+    """classes [1, 3] (the seen classes of a shuffled stream are not 0..k-1): the prediction is class
+    1 or 3, the one of the two with the larger logit, never a position 0 or 1 within `classes`."""
+    net = Net(4, width=4, dropout=0.2, generator=_gen(16))
+    images = torch.randint(0, 256, (12, 3, 32, 32), dtype=torch.uint8, generator=_gen(17))
+    preprocess = lambda x: x.float() / 255.0  # noqa: E731
+    _, _, pred = score_and_predict(net, images, 2, 1.0, 5, preprocess, _gen(18), classes=torch.tensor([1, 3]))
+    with torch.no_grad():
+        logits = net.eval()(preprocess(images))
+    other = torch.where(pred == 1, 3, 1)
+    assert set(pred.tolist()) <= {1, 3}
+    assert (logits.gather(1, pred[:, None]) >= logits.gather(1, other[:, None])).all()
 
 
 def test_bad_arguments():
