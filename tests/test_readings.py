@@ -463,6 +463,84 @@ def test_walk_over_buffer_and_task_scores_both_with_the_model_just_fitted():
     assert len(m.buffer) == n  # the buffer stays full
 
 
+def test_a_stored_sample_evicted_earlier_in_the_walk_is_written_back_when_accepted():
+    """Buffer of 2: samples 10, 11, re-scored 0.5, 0.3; the task's sample 1 at 0.9. Walk over the
+    pool, most uncertain first (1, 10, 11), hold, evict certain, no offset: P = 2, 1, 2/3, and the
+    seed's u_3 = 0.459 < 2/3 accepts all three. 1 evicts the lowest, 11 (slot 1); 10 is still in its
+    slot: nothing written; 11 has left its slot, so it comes back over the lowest held, 10's 0.5."""
+    from pbr.memory.base import TaskEnd
+    from pbr.memory.walk import UncertaintyWalk
+
+    u = torch.rand(3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert u[2] < 2 / 3, u  # the draw this hand computation takes
+    buf = _stored(2, [10, 11], [0.9, 0.8])
+    learner = _Rescorer({10: 0.5, 11: 0.3, 1: 0.9})
+    walk = UncertaintyWalk(buf, torch.Generator().manual_seed(0), learner, order="uncertain_first",
+                           candidate="hold", evict="certain", pool="buffer_and_task")
+    walk.end_task(TaskEnd(learner, 1, _ids([1]), torch.tensor([2])))
+    assert _held(buf) == ([11, 1], [0.3, 0.9])
+
+
+def _end_tasks(walk, tasks):
+    """End each task (its ids, their labels) on `walk`, its samples scored at random; returns the
+    generator's state before the last task's walk."""
+    from types import SimpleNamespace
+
+    from pbr.memory.base import TaskEnd
+
+    g = torch.Generator().manual_seed(0)
+    learner = SimpleNamespace(memory_scores=lambda task, images, labels: torch.rand(labels.shape[0], generator=g))
+    for t, (ids, labels) in enumerate(tasks):
+        state = walk.generator.get_state()
+        walk.end_task(TaskEnd(learner, t, _ids(ids), torch.tensor(labels)))
+    return state
+
+
+def test_the_class_offset_counts_only_the_classes_seen():
+    """After task 0 (5 samples of class 0, 3 of class 1) of a 4-class head, the s_i of the offset are
+    5 and 3: the classes not seen yet are no zero counts, whose softmax(-s) weights would take nearly
+    all the weight and bring the offset to about 0 (P_1 = 16 / 1.09 instead of 16 / 4.24)."""
+    from pbr.buffer import Buffer
+    from pbr.memory.walk import UncertaintyWalk
+
+    walk = UncertaintyWalk(Buffer(16, (3, 2, 2), 4), torch.Generator().manual_seed(0), offset="class")
+    _end_tasks(walk, [(list(range(8)), [0] * 5 + [1] * 3)])
+    assert walk.offset_counts().tolist() == [5.0, 3.0]
+
+
+def _sequential_walk(held, ids, state, capacity, start, offset):
+    """The walk in random order, advance, one sample at a time, from the documented draws (the
+    permutation, u, the slots): the buffer's ids after it."""
+    g = torch.Generator()
+    g.set_state(state)
+    n = len(ids)
+    perm, u = torch.randperm(n, generator=g), torch.rand(n, dtype=torch.float64, generator=g)
+    rand_slot = torch.randint(capacity, (n,), generator=g)
+    held = list(held)
+    for k in range(n):
+        if u[k] < min(1.0, capacity / (start + k + 1 + offset)):
+            if len(held) < capacity:
+                held.append(ids[int(perm[k])])
+            else:
+                held[int(rand_slot[k])] = ids[int(perm[k])]
+    return held
+
+
+def test_walk_count_stream_counts_the_samples_of_earlier_tasks_in_n():
+    """walk_count stream (Mammoth's num_seen_examples): the walk after task 1 counts N from the 4
+    samples walked at task 0, P_N = 6 / (4 + N + 4) (per-task offset: s = [4]), not 6 / (N + 4)."""
+    from pbr.buffer import Buffer
+    from pbr.memory.walk import UncertaintyWalk
+
+    walk = UncertaintyWalk(Buffer(6, (3, 2, 2), 4), torch.Generator().manual_seed(2), order="random",
+                           count="stream", offset="task")
+    first, second = [100, 101, 102, 103], list(range(20))
+    state = _end_tasks(walk, [(first, [0] * 4), (second, [1] * 20)])
+    stream = _sequential_walk(first, second, state, 6, start=4, offset=4.0)
+    assert stream != _sequential_walk(first, second, state, 6, start=0, offset=4.0)  # the seed tells them apart
+    assert _held(walk.buffer)[0] == stream
+
+
 def test_mc_dropout_sets_the_scoring_rate_and_auto_is_the_trained_one():
     """auto scores at the head's trained rate (PBR: 0.1), so it equals mc_dropout 0.1 draw for draw;
     another rate changes the scores. A head trained without dropout (rate 0) gives T identical passes
