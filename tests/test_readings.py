@@ -264,6 +264,14 @@ def test_certain_weighted_order_draws_with_the_odds_of_each_samples_certainty():
     assert abs(_before("uncertain_weighted", 2, 1, scores=scores) - 2 / 3) < 0.03
 
 
+def test_certain_weighted_order_measures_certainty_from_the_tasks_largest_mi():
+    """MI is usually far below 1: 0, 0.05, 0.1 give certainties 0.1, 0.05, 0 (not 1 - MI = 1, 0.95,
+    0.9, an order nearly uniform), so sample 2 is always last and sample 0 precedes 1 two times in three."""
+    scores = torch.tensor([0.0, 0.05, 0.1])
+    assert _before("certain_weighted", 1, 2, n=300, scores=scores) == 1.0
+    assert abs(_before("certain_weighted", 0, 1, n=2000, scores=scores) - 2 / 3) < 0.04
+
+
 def test_mi_power_sharpens_the_weighted_order():
     """Weights MI^p: MI 1 and 2 give odds 1 : 2 at p = 1 and 1 : 4 at p = 2 (sample 1 first 4/5)."""
     scores = torch.tensor([1.0, 2.0])
