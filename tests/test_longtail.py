@@ -154,6 +154,13 @@ def test_a_class_left_without_images_is_a_clear_error():
         build_stream(ytr, yte, 10, "ordered", 0.001, 5, 0)
 
 
+def test_tasks_that_do_not_divide_the_classes_are_a_clear_error():
+    """10 classes in 3 tasks would cut 3 + 3 + 3 and silently drop class 9."""
+    ytr, yte = _labels(10, 20), _labels(10, 2, 1)
+    with pytest.raises(UserError, match=r"^3 tasks do not divide 10 classes$"):
+        build_stream(ytr, yte, 10, "ordered", 0.5, 3, 0)
+
+
 @pytest.mark.parametrize("n_max", [498, 3, 4999])
 def test_the_ratio_the_error_suggests_keeps_every_class(n_max):
     """1 / n_max printed to six digits is below 1 / n_max for these (1/498 -> 0.00200803, and
