@@ -244,6 +244,21 @@ def test_the_fidelity_grid_is_what_the_proposed_method_declares(monkeypatch):
                             "fid-pbr-reservoir-s0"])
 
 
+def test_the_fidelity_grid_tries_each_reading_of_the_paper_preset():
+    """The grid measures the paper's open readings: every key the paper preset sets is tried at the
+    paper's value, in the pair or one at a time (train.lr for the preset's lr), so no reading of the
+    paper goes unmeasured beside the tuned one."""
+    from pbr.methods.pbr import PBR
+    from pbr.readings import READINGS
+
+    readings = READINGS["pbr"]
+    tried = {key: set(values) for key, (_, values) in readings.one_at_a_time.items()}
+    for key, values in readings.pair:
+        tried.setdefault(key, set()).update(values)
+    for key, value in PBR.PRESETS["paper"].items():
+        assert value in tried.get("train.lr" if key == "lr" else key, set()), (key, value)
+
+
 def test_proxy_budget_refuses_cells_off_the_stream_it_was_validated_on():
     """The proxy was validated on Seq-CIFAR-10-LT, ordered, IR 0.01, 5 tasks (docs/method.md): a
     grid's cell on another stream is refused, not queued and reported as "(proxy)"."""
