@@ -755,3 +755,74 @@ def test_pbrs_step_loss_by_hand():
     kl = (t_p * (t_p.log() - F.log_softmax(logits[3:, :2] / 2.0, 1))).sum(1).mean()
     want = ce + 0.7 * kl + 3.0 * 0.75
     assert math.isclose(loss.item(), want.item(), rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["first_task", "no_replay_ce", "beta_alone", "alpha_alone"])
+def test_pbrs_step_loss_and_its_gradient_in_each_case(case):
+    """The step's loss and its gradient against the rules written out (tau1 0.5, tau2 2, the old
+    prototypes shifted by norms 0.5 and 0.25). First task, no replay yet: the CE at tau1 on the stream
+    batch. replay_ce false: the CE on the stream rows only, still at tau1. beta without alpha: the
+    prototype term is still added. alpha alone: the KL's gradient reaches the network through the
+    student's replay logits (a detached student keeps the loss's value and takes the KL out of training)."""
+    alpha, beta = {"first_task": (0.7, 3.0), "no_replay_ce": (0.7, 3.0), "beta_alone": (0.0, 3.0),
+                   "alpha_alone": (0.7, 0.0)}[case]
+    method, _ = _setup("pbr", tau1=0.5, tau2=2.0, alpha=alpha, beta=beta, kl_classes="old",
+                       replay_ce=case != "no_replay_ce")
+    replay = case != "first_task"
+    method.task = 1 if replay else 0
+    net = method.net.eval()  # no dropout: the hand computation sees the same logits
+    g = torch.Generator().manual_seed(5)
+    x, bx = torch.randn(3, 3, 32, 32, generator=g), torch.randn(2, 3, 32, 32, generator=g)
+    y, by = torch.tensor([2, 3, 2]), torch.tensor([0, 1])
+    teacher = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0]])
+    if replay:
+        method.teacher = _Fixed(teacher)
+        shift = torch.zeros_like(net.prototypes())
+        shift[0, 0], shift[1, 1] = 0.5, 0.25
+        method.old_prototypes = net.prototypes().detach() + shift
+    method.has_replay = lambda: replay
+    method.replay = lambda: (bx, by, None)
+    method.step = lambda loss: loss
+    method.offer = lambda raw, labels: None
+    params = list(net.parameters())
+    loss = method.observe(x, y, None)
+    got = torch.autograd.grad(loss, params)
+
+    if not replay:
+        want = F.cross_entropy(net(x) / 0.5, y)
+    else:
+        logits = net(torch.cat([x, bx]))
+        if case == "no_replay_ce":
+            ce = F.cross_entropy(logits[:3] / 0.5, y)
+        else:
+            ce = F.cross_entropy(logits / 0.5, torch.cat([y, by]))
+        t_p = F.softmax(teacher[:, :2] / 2.0, 1)
+        kl = (t_p * (t_p.log() - F.log_softmax(logits[3:, :2] / 2.0, 1))).sum(1).mean()
+        shifts = (net.prototypes()[:2] - method.old_prototypes[:2]).norm(dim=1).sum()
+        assert math.isclose(shifts.item(), 0.75, rel_tol=1e-5)
+        want = ce + alpha * kl + beta * shifts
+    assert math.isclose(loss.item(), want.item(), rel_tol=1e-5), case
+    for mine, theirs in zip(got, torch.autograd.grad(want, params)):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-7)
+
+
+def test_imprinting_a_linear_head_scales_to_the_old_norm_and_takes_the_old_mean_bias():
+    """On a linear head the norm is not normalised away: a new class's vector points at its samples'
+    mean normalised feature with the old classes' mean norm, and its bias is the old biases' mean."""
+    from pbr.methods.pbr import imprint_weights
+
+    net = Net(4, width=4, head="linear", dropout=0.1, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        net.head.weight[0].mul_(3.0)  # old norms far apart, so their mean is no accident
+        net.head.bias[:2] = torch.tensor([0.4, -0.1])
+    old_norm = net.head.weight[:2].norm(dim=1).mean().item()
+    images, labels = _task(1)
+    preprocess = lambda x: normalize(x, MEAN, STD)  # noqa: E731
+    imprint_weights(net, images, labels, torch.tensor([2, 3]), torch.tensor([0, 1]), preprocess, 8)
+    with torch.no_grad():
+        f = F.normalize(net.eval().features(preprocess(images)), dim=1)
+    for c in (2, 3):
+        w = net.head.weight[c].detach()
+        assert math.isclose(w.norm().item(), old_norm, rel_tol=1e-5), c
+        assert F.cosine_similarity(w, f[labels == c].mean(0), dim=0).item() > 0.9999, c
+        assert math.isclose(net.head.bias[c].item(), 0.15, rel_tol=1e-5), c
