@@ -40,6 +40,10 @@ def test_cosine_head_formula():
     torch.testing.assert_close(net.classify(f), expected)
     assert net.classify(f).abs().max() <= 10.0 + 1e-5
     assert not hasattr(net.head, "bias")
+    # Another scale: a feature along class 2's vector has cosine 1 there, so its logit is the scale.
+    net = Net(5, width=4, scale=3.0, dropout=0.0).eval()
+    logits = net.classify(7.0 * net.head.weight[2:3].detach())
+    assert logits[0, 2].item() == pytest.approx(3.0) and logits.abs().max() <= 3.0 + 1e-5
 
 
 def test_linear_head_formula():
@@ -57,6 +61,35 @@ def test_dropout_only_in_training_or_mc():
     net.eval()
     assert torch.equal(net.classify(f), net.classify(f))
     assert not torch.equal(net.classify(f, mc=True), net.classify(f))
+
+
+def test_dropout_acts_on_the_normalised_feature_so_the_mean_pass_is_the_eval_logit():
+    """The cosine head drops entries of f / |f| (scaled by 1 / (1 - p)), as the MC scorer
+    (pbr.uncertainty.mc_probs) does, so the mean of many dropout passes is the eval logit. A feature
+    along class 0's vector: eval logit 10; dropping before normalising would give about
+    10 * sqrt(1 - p) = 7.1 at p = 0.5."""
+    net = Net(3, width=4, scale=10.0, dropout=0.5)
+    f = net.head.weight[:1].detach().expand(4000, -1)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        passes = net.classify(f, mc=True)[:, 0]
+    assert net.eval().classify(f[:1])[0, 0].item() == pytest.approx(10.0)
+    assert abs(passes.mean().item() - 10.0) < 0.3  # per-pass sd about 2.6: the mean's about 0.04
+
+
+def test_initialisation_is_pytorchs_default_for_linear_and_conv_layers():
+    """reset_linear_ from a generator seeded 0 draws what nn.Linear / nn.Conv2d draw by default after
+    torch.manual_seed(0): the same bounds (kaiming_uniform_ at a = sqrt(5), bias within 1 / sqrt(fan_in))."""
+    from pbr.models.heads import reset_linear_
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        linear, conv = nn.Linear(32, 5), nn.Conv2d(3, 4, 3)
+    g = _gen(0)
+    for ref in (linear, conv):
+        w, b = torch.empty_like(ref.weight), torch.empty_like(ref.bias)
+        reset_linear_(w, b, g)
+        assert torch.equal(w, ref.weight) and torch.equal(b, ref.bias)
 
 
 def test_forward_is_classify_of_features_and_backprops():
