@@ -939,7 +939,7 @@ def test_a_setting_whose_auto_the_method_answers_later_is_not_refused_written_ou
     import torch
     import yaml
 
-    from stages.pipeline.run_settings import RunSettings
+    from stages.runtime.run_settings import RunSettings
     from stages.pipeline.trained import refuse_other_params, trained_params
     from stages.runtime.config import from_dict
 

@@ -121,7 +121,7 @@ def test_the_scoring_dropout_is_the_rate_the_run_scored_its_walk_at():
     """score.dropout auto asks the run's method: PBR scores at the rate its walk used (its
     mc_dropout, else the trained rate); a method that never scores at its trained rate, and at 0.1
     when it trained without dropout (MC dropout needs a rate)."""
-    from stages.pipeline.run_settings import RunSettings
+    from stages.runtime.run_settings import RunSettings
 
     def rate(**s):
         return RunSettings.saved(s).score_dropout()
@@ -138,7 +138,7 @@ def test_the_scoring_drops_in_the_backbone_where_the_runs_walk_did(trained, tmp_
     a run with mc_backbone false and once as one with true, score the same predictions and other MI."""
     import torch
 
-    from stages.pipeline.run_settings import RunSettings
+    from stages.runtime.run_settings import RunSettings
 
     assert RunSettings.saved({"method": "pbr", "mc_backbone": True}).score_backbone() is True
     assert RunSettings.saved({"method": "pbr", "mc_backbone": False}).score_backbone() is False

@@ -133,7 +133,7 @@ def test_a_run_under_lr_milestones_records_them_and_resumes_to_the_same_bytes(wo
     """A run resumes after a finished task only, and each task's optimiser starts afresh with its lr set
     from the epoch alone: the resumed tasks train at the uninterrupted run's lrs, to its bytes. The
     resolved milestones and their source are recorded where lr's are (run.json, the MLflow tags)."""
-    from stages.pipeline.run_settings import trained_tags
+    from stages.runtime.run_settings import trained_tags
     from stages.pipeline.train import settings
     from stages.runtime import resume
 

@@ -141,7 +141,7 @@ def expected_settings(plan: Plan) -> dict[str, dict[str, str]]:
     import types
 
     from stages.experiments import sweep
-    from stages.pipeline.run_settings import RunSettings
+    from stages.runtime.run_settings import RunSettings
     from stages.runtime.config import Config, from_dict
 
     base = Config().to_dict()  # params.yaml's values (the schema's defaults are the file's)

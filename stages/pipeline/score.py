@@ -166,7 +166,7 @@ def _setup(cfg) -> tuple[_Scoring, Path]:
     from pbr.data.augment import MEAN_STD, normalize
     from pbr.data.shards import load_manifest
     from pbr.errors import UserError
-    from stages.pipeline.run_settings import RunSettings
+    from stages.runtime.run_settings import RunSettings
     from stages.pipeline.train import resolve_device
     from stages.pipeline.trained import check_trained, load_method
 

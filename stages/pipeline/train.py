@@ -20,7 +20,7 @@ from pbr.errors import UserError
 from stages.runtime import artifacts, faults, mps, paths, resume, threads
 from stages.runtime.paths import code_hash  # noqa: F401 (the fingerprint's; tests patch it here)
 from stages.runtime.config import Config
-from stages.pipeline.run_settings import RunSettings, trained_tags
+from stages.runtime.run_settings import RunSettings, trained_tags
 from stages.pipeline.trained import TASK_FIX, build_method, keeps_buffer, trained_params
 
 STATE = "state.pt"

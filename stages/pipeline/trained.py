@@ -164,7 +164,7 @@ def saved_run() -> dict | None:
 
 def saved_run_tags() -> dict:
     """The trained run's MLflow tags (run_settings.trained_tags), set again by a later stage's run."""
-    from stages.pipeline.run_settings import trained_tags
+    from stages.runtime.run_settings import trained_tags
 
     record = saved_run()
     return trained_tags(record) if record is not None else {}
@@ -209,7 +209,7 @@ def load_method(path: Path, manifest: dict, device, generator):
     """The method as saved after a task (model.pt), ready to predict."""
     import torch
 
-    from stages.pipeline.run_settings import RunSettings
+    from stages.runtime.run_settings import RunSettings
 
     saved = artifacts.read(path, lambda p: torch.load(p, map_location=device, weights_only=False), TASK_FIX)
     method = build_method(RunSettings.saved(saved["settings"]), manifest, device, generator)

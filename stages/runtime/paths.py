@@ -18,11 +18,11 @@ DVC_LOCK = Path("dvc.lock")
 # config's own code is not in).
 TRAIN_CODE = ("pbr/methods", "pbr/memory", "pbr/models", "pbr/buffer.py", "pbr/selection.py", "pbr/rng.py", "pbr/loop.py",
               "pbr/uncertainty.py", "pbr/data/augment.py", "pbr/data/facts.py", "pbr/data/shards.py", "stages/pipeline/train.py",
-              "stages/pipeline/trained.py", "stages/pipeline/run_settings.py", "stages/runtime/hardware.py")
+              "stages/pipeline/trained.py", "stages/runtime/run_settings.py", "stages/runtime/hardware.py")
 # The code that shapes a scoring's numbers: the score stage's DVC deps (besides its inputs and the
 # plots' module) and what its resume fingerprint hashes.
 SCORE_CODE = ("pbr/uncertainty.py", "pbr/methods", "pbr/memory", "pbr/models", "pbr/data/augment.py", "pbr/data/facts.py",
-              "pbr/data/shards.py", "pbr/rng.py", "stages/pipeline/trained.py", "stages/pipeline/run_settings.py",
+              "pbr/data/shards.py", "pbr/rng.py", "stages/pipeline/trained.py", "stages/runtime/run_settings.py",
               "stages/pipeline/score.py")
 # How params.yaml is read and its `auto` values resolved: a DVC dep of both, so an edit reruns them,
 # not fingerprinted (the resolved values are), so a rerun whose values did not change resumes.
