@@ -394,6 +394,27 @@ def test_a_store_named_by_tracking_uri_is_said_to_be_the_flags(tmp_path, pbr_mai
     assert _one_line_error(pbr("import", "src.db")).endswith("; check MLFLOW_TRACKING_URI or remove a corrupt mlflow.db")
 
 
+def test_an_mlflow_that_cannot_import_is_said_to_be_the_install_not_the_store(tmp_path, raw, pbr, pbr_main,
+                                                                             monkeypatch):
+    """MLflow before 3.9 under SQLAlchemy 2.1 (an install without constraints.txt) fails importing its
+    sqlite store inside MlflowClient: that was said as "remove a corrupt mlflow.db", whose removal
+    loses every run and mends nothing."""
+    import mlflow
+
+    def broken(*args, **kwargs):
+        raise ImportError("cannot import name 'FallbackAsyncAdaptedQueuePool' from 'sqlalchemy.pool'")
+
+    said = ("error: the MLflow installation is inconsistent (ImportError: cannot import name "
+            "'FallbackAsyncAdaptedQueuePool' from 'sqlalchemy.pool'): run `pip check`, then reinstall the tested "
+            "versions: `pip install -c constraints.txt -e .` in the checkout")
+    repo = _project(tmp_path / "repo", raw)
+    mlflow.MlflowClient(f"sqlite:///{repo / 'src.db'}").create_experiment("pbr")  # runs copied from elsewhere
+    monkeypatch.setattr(mlflow, "MlflowClient", broken)
+    assert _one_line_error(pbr(repo, "prepare")) == said  # a stage, before it writes anything
+    assert not (repo / "data").exists()
+    assert _one_line_error(pbr_main("import", "src.db", cwd=repo)) == said  # not "SOURCE: ...", not src.db's fault
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, prepared):
     """ER (it keeps a buffer) trained on the small prepared set: the files a damaged run is made of."""

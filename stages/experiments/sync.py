@@ -173,16 +173,17 @@ def _moved(path: Path, folder: Path | None, must: str) -> Path | None:
 def _open_source(src: Source, experiment: str):
     import logging
 
-    from mlflow import MlflowClient
-
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     try:
+        from mlflow import MlflowClient
+
         client = journal.Reader(src.folder) if src.uri.startswith(journal.SCHEME) else MlflowClient(tracking_uri=src.uri)
         exp = client.get_experiment_by_name(experiment)
         names = [] if exp is not None else [e.name for e in client.search_experiments()]
     except Exception as e:  # a store that cannot be opened fails in many ways
-        raise UserError("SOURCE: " + tracking.store_error(
-            src.uri, e, "check SOURCE (a store made by an older MLflow: `mlflow db upgrade` a copy of it)")) from None
+        said = tracking.store_error(
+            src.uri, e, "check SOURCE (a store made by an older MLflow: `mlflow db upgrade` a copy of it)")
+        raise UserError(said if isinstance(e, ImportError) else "SOURCE: " + said) from None  # not SOURCE's fault
     if exp is None:
         raise UserError(f"SOURCE {src.label} has no experiment '{experiment}' (it has: {', '.join(names) or 'none'}); "
                         "pass --experiment NAME")

@@ -221,6 +221,9 @@ def _creation_lock(uri: str) -> Iterator[None]:
 def store_error(uri: str, e: Exception, fix: str) -> str:
     """One line for a store that cannot be opened; a server that refused us says what to set."""
     msg = " ".join(str(e).split())[:160]
+    if isinstance(e, ImportError):  # MLflow's own code fails to import (a dependency upgraded past it): not the store
+        return (f"the MLflow installation is inconsistent ({type(e).__name__}: {msg}): run `pip check`, then "
+                "reinstall the tested versions: `pip install -c constraints.txt -e .` in the checkout")
     if "invalid host header" in str(e).lower():  # MLflow 3's guard against DNS rebinding, not an account
         from urllib.parse import urlsplit
 
@@ -337,8 +340,6 @@ def open_experiment(uri: str, name: str, flag: bool = False):
     store's folder is self-contained."""
     import logging
 
-    from mlflow import MlflowClient
-
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Creating initial database tables" per stage
     # Its traceback of a database error it then raises anyway (a full disk: the CLI says it in one line).
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
@@ -349,9 +350,11 @@ def open_experiment(uri: str, name: str, flag: bool = False):
         if db is not None and db.is_file():
             follow_move(db)
         try:
+            from mlflow import MlflowClient
+
             client = MlflowClient(tracking_uri=uri)
             exp = client.get_experiment_by_name(name)
-        except Exception as e:  # a store that cannot be opened fails in many ways
+        except Exception as e:  # a store that cannot be opened fails in many ways (MLflow's imports too)
             raise UserError(store_error(uri, e, f"check {given_by(flag)} or remove a corrupt mlflow.db")) from None
         if exp is None:
             artifacts = None
