@@ -63,6 +63,22 @@ def test_a_stage_killed_after_its_metrics_logs_each_once(tmp_path, raw, trained,
 
     once()  # uninterrupted
     [whole] = _runs(records_to_files)
+    # The run names the libraries it ran with, as the modules imported here say their versions.
+    import platform
+
+    import mlflow
+    import numpy
+    import pyarrow
+    import torch
+
+    import dvc
+
+    tags = {k: v for k, v in whole.data.tags.items() if k.startswith("pbr.version.")}
+    tags["pbr.version.torch"] = tags["pbr.version.torch"].split("+")[0]  # its wheel's metadata may lack +cu130
+    assert tags == {
+        "pbr.version.torch": torch.__version__.split("+")[0], "pbr.version.numpy": numpy.__version__,
+        "pbr.version.pyarrow": pyarrow.__version__, "pbr.version.mlflow": mlflow.__version__,
+        "pbr.version.dvc": dvc.__version__, "pbr.version.python": platform.python_version()}
 
     def killed(point):  # as a SIGKILL there: the run left KILLED, the next try joins it
         if point == f"{stage}:logged":

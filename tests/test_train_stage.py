@@ -232,6 +232,15 @@ def test_per_task_epochs_train_each_task_its_own_number_of_epochs(workdir, prepa
     assert [len(d["epochs"]) for d in done] == [1, 3, 2, 1, 2]
     run = json.loads((workdir / "artifacts/train/run.json").read_text())
     assert run["settings"]["epochs"] == [1, 3, 2, 1, 2] and run["settings"]["reservoir"] == "first_epoch"
+    import platform  # and the versions it trained with, as the modules say theirs
+
+    import numpy
+    import pyarrow
+    import torch
+
+    v = run["versions"]
+    assert (v["torch"].split("+")[0], v["numpy"], v["pyarrow"], v["python"]) \
+        == (torch.__version__.split("+")[0], numpy.__version__, pyarrow.__version__, platform.python_version())
     # Offered once per task, ER's reservoir has seen exactly the stream, whatever the epochs.
     import torch
 

@@ -225,6 +225,7 @@ def _record_run(out: Path, fp: str, s: RunSettings, device, n_threads: int, n_ta
     # task's count is kept: a run whose tasks trained on different counts says so ("2,2,2,1,1"), and
     # is no run of either count in the report.
     from pbr.data.shards import manifest_hash
+    from stages.runtime.tracking import library_versions
 
     before = (artifacts.read_json(out / "run.json") if start and (out / "run.json").is_file() else {})
     per_task = list(before.get("threads_by_task") or [before.get("threads", n_threads)] * n_tasks)[:start]
@@ -233,7 +234,8 @@ def _record_run(out: Path, fp: str, s: RunSettings, device, n_threads: int, n_ta
     data = manifest_hash(paths.PREPARED)
     record = {"fingerprint": fp, "settings": s.values, "sources": s.sources, "device": str(device),
               "gpu_sharing": mps.sharing(device), "threads": threads, "threads_by_task": per_task,
-              "n_tasks": n_tasks, "params": trained_params(cfg), "code_sha256": code_hash(), "data_manifest": data}
+              "n_tasks": n_tasks, "params": trained_params(cfg), "code_sha256": code_hash(), "data_manifest": data,
+              "versions": library_versions()}  # this try's, as device and threads are
     if tracker is not None:
         tracker.set_tags({"pbr.data_manifest": data, **trained_tags(record)})
     artifacts.write_text(out / "run.json", json.dumps(record, indent=1))

@@ -165,6 +165,24 @@ def git_state(code: Path | None = None) -> dict[str, str]:
     return {"git.commit": commit, "git.dirty": str(dirty).lower()}
 
 
+# The libraries whose version can move a run's numbers or records (pyarrow's is in the prepared shards'
+# bytes), read from the installed metadata: none of them is imported for it.
+LIBRARIES = ("torch", "numpy", "pyarrow", "mlflow", "dvc")
+
+
+def library_versions() -> dict[str, str]:
+    """The versions this process runs with (run.json's `versions`; the `pbr.version.*` tags)."""
+    from importlib import metadata
+
+    found = {"python": ".".join(map(str, sys.version_info[:3]))}
+    for name in LIBRARIES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:  # mlflow, where a stage records to plain files
+            found[name] = "none"
+    return found
+
+
 def pipeline_key(params_file: Path, commit: str) -> str:
     h = hashlib.sha256(Path(params_file).read_bytes())
     h.update(commit.encode())
@@ -619,6 +637,7 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
 
     stage_tags = {**git, **me, "pbr.stage": stage, "dvc.exp_name": exp_name,
                   "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
+                  **{f"pbr.version.{k}": v for k, v in library_versions().items()},
                   "mlflow.runName": os.environ.get("DVC_EXP_NAME") or f"{flat_params.get('method.name')}-"
                                     f"{flat_params.get('data.dataset')}-{key[:6]}",
                   **(tags or {})}
