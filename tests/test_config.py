@@ -305,12 +305,10 @@ def test_a_scalar_that_reads_as_no_date_is_one_line(tmp_path, pbr_main):
 
 
 def test_a_yaml_version_directive_other_than_1_2_is_refused(tmp_path, pbr_main):
-    """Under `%YAML 1.1` DVC's ruamel reads `seed: 010` as 8, pbr read 10: two seeds for one run."""
-    from ruamel.yaml import YAML
-
-    text = "%YAML 1.1\n---\nseed: 010\n"
-    assert YAML(typ="safe").load(text) == {"seed": 8}  # DVC's reading
-    (tmp_path / "bad.yaml").write_text(text)
+    """Under `%YAML 1.1` DVC's ruamel reads `seed: 010` as 8, pbr read 10: two seeds for one run. Only
+    pbr's side is asserted: ruamel's reading depends on its C loader (ruamel.yaml.clib, which 0.18
+    always installs and 0.19 not: with it, 10)."""
+    (tmp_path / "bad.yaml").write_text("%YAML 1.1\n---\nseed: 010\n")
     r = pbr_main("train", "-p", "bad.yaml", cwd=tmp_path)
     assert (r.returncode, r.stderr) == (2, "error: bad.yaml: a %YAML 1.1 directive, which DVC reads the file by (in "
                                             "1.1, 010 is 8 and yes is true) and pbr does not (YAML 1.2 always); "
