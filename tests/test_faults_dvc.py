@@ -147,6 +147,31 @@ def test_kill_during_evaluate(tmp_path, finished, records_to_files):
     assert json.loads((repo / "reports/metrics.json").read_text()) == json.loads(
         (finished / "reports/metrics.json").read_text())
     assert _statuses(records_to_files) == ["FINISHED"]
+    # DVC ran evaluate alone (prepare's output cached, score's inputs as before): the run held evaluate's
+    # records only. The stages DVC skipped are recorded from their outputs, as the finished run has them.
+    import hashlib
+
+    from mlflow import MlflowClient
+
+    [run] = records_to_files.search_runs(["pbr"])
+    assert not any(run.data.tags.get(f"pbr.stage.{s}") for s in ("prepare", "train", "score"))
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")  # the finished project's whole run
+    [whole] = client.search_runs([client.get_experiment_by_name("pbr").experiment_id])
+    for key in ("pbr.raw_sha256", "pbr.data_manifest", "pbr.score_sha256", "score.resolved.dropout",
+                "score.resolved.temperature", "score.resolved.mc_samples", "score.resolved.backbone"):
+        assert run.data.tags.get(key) == whole.data.tags[key], key
+    assert run.data.tags["pbr.score_sha256"] == hashlib.sha256((repo / "artifacts/score/scores.parquet").read_bytes()
+                                                              ).hexdigest()
+    want, got = ({k: v for k, v in r.data.metrics.items() if k.startswith("score.")} for r in (whole, run))
+    assert want and got == pytest.approx(want, rel=1e-6, nan_ok=True)
+    counts = json.loads((repo / "data/prepared/manifest.json").read_text())["task_train_counts"]
+    history = records_to_files.get_metric_history(run.info.run_id, "data.task_train_count")
+    assert sorted((m.step, m.value) for m in history) == list(enumerate(counts))
+    from pathlib import Path
+
+    logged = {p.relative_to(run.info.artifact_uri).as_posix() for p in Path(run.info.artifact_uri).rglob("*")}
+    assert {"prepare/class_counts.csv", "prepare/task_counts.csv", "score/by_class.csv",
+            "score/forgotten_vs_kept.png"} <= logged, logged
 
 
 def test_a_bf16_run_killed_inside_a_task_resumes_to_the_same_bytes(tmp_path, finished, records_to_files, monkeypatch):

@@ -83,6 +83,11 @@ def test_er_runs_through_dvc_exp_run_and_resumes_after_sigkill(tmp_path, finishe
         json.loads((repo / "reports/metrics.json").read_text())["class_il"]["acc"], abs=1e-3)
     # Its hashes are the experiment's outputs, not those of the PBR run its dvc.lock started from.
     assert_links_this_execution(done.data.tags, repo)
+    # DVC skipped prepare (its output cached): the evaluate stage recorded prepare's part from it.
+    assert "pbr.stage.prepare" not in done.data.tags and done.data.tags["pbr.raw_sha256"]
+    assert len(client.get_metric_history(done.info.run_id, "data.task_train_count")) == 5
+    assert {a.path for a in client.list_artifacts(done.info.run_id, "prepare")} == {
+        "prepare/class_counts.csv", "prepare/task_counts.csv"}
 
     # The experiment and the finished PBR run it started from are two rows of one table, each once.
     from stages.experiments import report

@@ -175,6 +175,34 @@ def test_dvc_lock_hashes_only_while_the_lock_describes_the_params_of_this_run(fi
     assert dvc_lock_hashes(finished / "dvc.lock", finished / "params.yaml") == {}
 
 
+def test_the_scores_are_this_trainings_only_while_the_lock_says_so(finished, tmp_path):
+    """evaluate records score's outputs in a run where DVC skipped score: only where they are the
+    scoring of this execution's models with today's score params (not after `dvc repro evaluate`
+    following a training that was never scored)."""
+    import shutil
+
+    import yaml
+
+    from stages.pipeline.evaluate import scored_this_training
+
+    lock = yaml.safe_load((finished / "dvc.lock").read_text())["stages"]
+    linked = {f"dvc.md5.{o['path']}": o["md5"] for s in ("prepare", "train") for o in lock[s]["outs"]}
+    assert scored_this_training(linked, finished / "dvc.lock", finished / "params.yaml")
+    assert not scored_this_training({}, finished / "dvc.lock", finished / "params.yaml")  # not under DVC
+    retrained = {**linked, "dvc.md5.artifacts/train": "0" * 32 + ".dir"}
+    assert not scored_this_training(retrained, finished / "dvc.lock", finished / "params.yaml")
+    for key, value in (("score", "temperature"), ("train", "eval_batch_size")):
+        params = yaml.safe_load((finished / "params.yaml").read_text())
+        params[key][value] = 7
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+        assert not scored_this_training(linked, finished / "dvc.lock", tmp_path / "params.yaml"), key
+    copy = tmp_path / "copy"  # the scores there now are not the ones dvc.lock names
+    shutil.copytree(finished, copy, symlinks=True)
+    (copy / "artifacts/score/scores.parquet").unlink()
+    (copy / "artifacts/score/scores.parquet").write_bytes(b"other")
+    assert not scored_this_training(linked, copy / "dvc.lock", copy / "params.yaml")
+
+
 def test_a_missing_output_in_a_queued_runs_workspace_is_a_pipeline_file(tmp_path, monkeypatch):
     """A queued run works in a copy under .dvc/tmp/exps with its own dvc.yaml: its data/ and
     artifacts/ are pipeline files (`dvc checkout` restores them), not paths to check."""

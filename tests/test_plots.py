@@ -41,8 +41,7 @@ def test_forgotten_and_kept_share_their_bins(drawn, tmp_path, monkeypatch):
             "mi": np.array([0.01, 0.012, 0.015, 0.011, 0.001, 0.1, 0.19, 0.05]), "entropy": np.zeros(n),
             "correct_own": np.full(n, True), "forgotten": np.array([True] * 4 + [False] * 4),
             "mi_final": np.array([0.1, 0.3, 0.2, 0.2, 0.5, 0.5, 0.7, 0.3])}
-    score._summaries(data, {"train_counts": [4, 2], "class_order": [0, 1], "class_names": ["a", "b"], "n_tasks": 2},
-                     None)
+    score._summaries(data, {"train_counts": [4, 2], "class_order": [0, 1], "class_names": ["a", "b"], "n_tasks": 2})
     (hist,) = [f for f in drawn if f.axes[0].get_title() == "Forgotten vs kept training samples"]
     assert len({round(p.get_width(), 9) for p in hist.axes[0].patches}) == 1
     # Uncertainty against frequency: the own-task model's MI (a softmax over the classes seen by then)

@@ -181,7 +181,7 @@ def test_the_score_stage_summaries_by_hand(tmp_path, monkeypatch):
             "entropy": np.zeros(7), "correct_own": np.array([t, t, t, f, f, f, t]),
             "forgotten": np.array([t, f, f, f, f, f, t]), "mi_final": np.array([0.2, 0.2, 0.1, 0.3, 0.0, 0.4, 9.0])}
     manifest = {"train_counts": [4, 2], "class_order": [0, 1], "class_names": ["a", "b"], "n_tasks": 2}
-    s = score._summaries(data, manifest, None)
+    s = score._summaries(data, manifest)
     # class 0: three learned, one of them forgotten; class 1: none learned
     rows = list(csv.DictReader((tmp_path / "reports/score/by_class.csv").open()))
     assert float(rows[0]["forgotten_rate"]) == pytest.approx(1 / 3) and math.isnan(float(rows[1]["forgotten_rate"]))
@@ -191,10 +191,10 @@ def test_the_score_stage_summaries_by_hand(tmp_path, monkeypatch):
     assert s["score.mi_forgotten"] == pytest.approx(0.4) and s["score.mi_kept"] == pytest.approx(0.2)
     assert s["score.mean_mi"] == pytest.approx(2.5 / 6)  # the test sample's 5.0 is no training sample
     data["forgotten"][:] = False
-    s = score._summaries(data, manifest, None)
+    s = score._summaries(data, manifest)
     assert math.isnan(s["score.mi_forgotten"]) and s["score.forgotten_rate"] == 0
     data["correct_own"][:] = False
-    s = score._summaries(data, manifest, None)
+    s = score._summaries(data, manifest)
     assert math.isnan(s["score.forgotten_rate"]) and math.isnan(s["score.mi_kept"])
 
 
@@ -215,7 +215,7 @@ def test_the_last_tasks_samples_are_neither_forgotten_nor_kept(tmp_path, monkeyp
             "mi": np.array([0.5, 0.5, 0.1, 0.1, 0.9, 0.9, 0.9, 0.9]), "entropy": np.zeros(8),
             "correct_own": np.full(8, True), "forgotten": np.array([t, t, f, f, f, f, f, f]), "mi_final": np.zeros(8)}
     manifest = {"train_counts": [4, 4], "class_order": [0, 1], "class_names": ["a", "b"], "n_tasks": 2}
-    s = score._summaries(data, manifest, None)
+    s = score._summaries(data, manifest)
     assert s["score.forgotten_rate"] == pytest.approx(0.5)  # 2 of task 0's 4, not 2 of 8
     assert s["score.mi_forgotten"] == pytest.approx(0.5) and s["score.mi_kept"] == pytest.approx(0.1)
     rows = list(csv.DictReader((tmp_path / "reports/score/by_class.csv").open()))

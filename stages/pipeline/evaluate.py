@@ -71,7 +71,36 @@ def dvc_lock_hashes(lock_path=paths.DVC_LOCK, params_path=paths.DVC_LOCK.with_na
 
 # The file each output rewrites whenever it is made again: its md5 in DVC's listing of the folder says
 # whether the folder there now is the one dvc.lock names.
-_MARKERS = {paths.PREPARED.as_posix(): "manifest.json", paths.TRAIN.as_posix(): "run.json"}
+_MARKERS = {paths.PREPARED.as_posix(): "manifest.json", paths.TRAIN.as_posix(): "run.json",
+            paths.SCORE.as_posix(): "scores.parquet"}
+
+
+def scored_this_training(linked: dict[str, str], lock_path=paths.DVC_LOCK,
+                         params_path=paths.DVC_LOCK.with_name("params.yaml")) -> bool:
+    """Whether artifacts/score is the scoring of the data and models of this execution (`linked`,
+    dvc_lock_hashes' answer) with the params.yaml of now: dvc.lock's score entry read them, with these
+    params, and names the folder there. So when DVC skipped score (nothing it reads changed); not
+    after `dvc repro evaluate` following a training that was never scored."""
+    from stages.runtime.yaml12 import read_yaml
+
+    if not linked:
+        return False
+    entry = ((read_yaml(lock_path.read_text()) or {}).get("stages") or {}).get("score") or {}
+    now = (read_yaml(params_path.read_text()) if params_path.is_file() else None) or {}
+
+    def param(key):  # a dotted key (train.eval_batch_size) as DVC records it, or a section
+        value = now
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return value
+
+    recorded = (entry.get("params") or {}).get(params_path.name) or {}
+    read = {d.get("path"): d.get("md5") for d in entry.get("deps") or []}
+    inputs = [p.as_posix() for p in (paths.PREPARED, paths.TRAIN)]
+    outs = [o for o in entry.get("outs") or [] if o.get("path") == paths.SCORE.as_posix()]
+    return (all(param(k) == v for k, v in recorded.items())
+            and all(read.get(p) == linked.get(f"dvc.md5.{p}") for p in inputs)
+            and len(outs) == 1 and _lock_names_the_workspace(outs[0], lock_path.parent))
 
 
 def _lock_names_the_workspace(out: dict, root) -> bool:
@@ -198,7 +227,17 @@ def run(cfg, log=print, tracker=None) -> dict:
         for f in sorted(paths.EVAL.iterdir()):
             if f.suffix in (".csv", ".png"):
                 tracker.log_artifact(f, "evaluate")
-        tracker.set_tags({**saved_run_tags(), **dvc_lock_hashes(), "pbr.complete": "true"})
+        # A run holds what the stages that ran logged: where DVC skipped prepare (its output cached, as
+        # in every run after the first) or score (nothing it reads changed), their records come from
+        # their outputs here, so that a complete run holds every stage's.
+        from stages.pipeline import prepare, score
+
+        if tracker.joined.get("pbr.stage.prepare") != "done":
+            prepare.record(manifest, tracker)
+        linked = dvc_lock_hashes()
+        if tracker.joined.get("pbr.stage.score") != "done" and scored_this_training(linked):
+            score.record_outputs(cfg, manifest, summary["settings"], tracker)
+        tracker.set_tags({**saved_run_tags(), **linked, "pbr.complete": "true"})
     # Last: a run killed before here (in scoring or evaluating) and queued again starts from the
     # baseline's outputs, so its training is taken back from the store rather than done again.
     let_the_resume_store_go()

@@ -23,6 +23,20 @@ def count_tables(manifest: dict) -> tuple[list[dict], list[dict]]:
     return per_class, per_task
 
 
+def record(manifest: dict, tracker) -> None:
+    """The stage's record in the run: the data's hashes, each task's training count, the count tables.
+    The evaluate stage records it too where DVC did not run this stage (its output cached)."""
+    from pbr.data.shards import manifest_hash
+
+    tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED),
+                      "pbr.raw_sha256": manifest["raw"]["content_sha256"]})
+    tracker.log_once("pbr.prepare.logged",
+                     [(t, {"data.task_train_count": n}) for t, n in enumerate(manifest["task_train_counts"])])
+    faults.point("prepare:logged")
+    for f in ("class_counts.csv", "task_counts.csv"):
+        tracker.log_artifact(paths.PREPARE_PLOTS / f, "prepare")
+
+
 def check(cfg: Config) -> None:
     """What the stage refuses before it starts: data.root a file, no data there and no download."""
     from pbr.data.sources import check_raw
@@ -56,15 +70,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     artifacts.write_csv(paths.PREPARE_PLOTS / "class_counts.csv", per_class)
     artifacts.write_csv(paths.PREPARE_PLOTS / "task_counts.csv", per_task)
     if tracker is not None:
-        from pbr.data.shards import manifest_hash
-
-        tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED),
-                          "pbr.raw_sha256": manifest["raw"]["content_sha256"]})
-        tracker.log_once("pbr.prepare.logged",
-                         [(t, {"data.task_train_count": n}) for t, n in enumerate(manifest["task_train_counts"])])
-        faults.point("prepare:logged")
-        for f in ("class_counts.csv", "task_counts.csv"):
-            tracker.log_artifact(paths.PREPARE_PLOTS / f, "prepare")
+        record(manifest, tracker)
     log(f"wrote {paths.PREPARED}: {stream.n_tasks} tasks, train sizes {manifest['task_train_counts']}, "
         f"{len(manifest['shards'])} shards ({time.perf_counter() - t0:.1f}s)")
     return manifest

@@ -166,7 +166,6 @@ def _setup(cfg) -> tuple[_Scoring, Path]:
     from pbr.data.augment import MEAN_STD, normalize
     from pbr.data.shards import load_manifest
     from pbr.errors import UserError
-    from stages.runtime.run_settings import RunSettings
     from stages.pipeline.train import resolve_device
     from stages.pipeline.trained import check_trained, load_method
 
@@ -180,13 +179,21 @@ def _setup(cfg) -> tuple[_Scoring, Path]:
     mean, std = MEAN_STD[manifest["dataset"]]
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     final, saved = load_method(last, manifest, device, gen)
-    # auto: the method says, from the trained run's own settings (not today's params.yaml)
-    run = RunSettings.saved(saved["settings"])
-    dropout = cfg.score.dropout if cfg.score.dropout != "auto" else run.score_dropout()
-    tau = cfg.score.temperature if cfg.score.temperature != "auto" else run.score_temperature()
-    samples = cfg.score.mc_samples if cfg.score.mc_samples != "auto" else run.score_samples()
-    return _Scoring(manifest, device, gen, final, samples, tau, cfg.train.eval_batch_size, dropout,
-                    run.score_backbone(), lambda x: normalize(x, mean, std)), last
+    r = resolved(cfg, saved["settings"])
+    return _Scoring(manifest, device, gen, final, r["mc_samples"], r["temperature"], cfg.train.eval_batch_size,
+                    r["dropout"], r["backbone"], lambda x: normalize(x, mean, std)), last
+
+
+def resolved(cfg, settings: dict) -> dict:
+    """The scoring's settings, each "auto" answered by the method from the trained run's own settings
+    (`settings`, as its saved tasks keep them; not today's params.yaml)."""
+    from stages.runtime.run_settings import RunSettings
+
+    run = RunSettings.saved(settings)
+    return {"dropout": cfg.score.dropout if cfg.score.dropout != "auto" else run.score_dropout(),
+            "temperature": cfg.score.temperature if cfg.score.temperature != "auto" else run.score_temperature(),
+            "mc_samples": cfg.score.mc_samples if cfg.score.mc_samples != "auto" else run.score_samples(),
+            "backbone": run.score_backbone()}
 
 
 def run(cfg, log=print, tracker=None) -> dict:
@@ -212,20 +219,10 @@ def run(cfg, log=print, tracker=None) -> dict:
     table = pa.table({k: pa.array(v) for k, v in data.items()})
     with artifacts.atomic_dir(paths.SCORE) as tmp:
         pq.write_table(table, tmp / "scores.parquet")
-    summary = _summaries(data, sc.manifest, tracker, sc.final.learns_each_task)
+    summary = _summaries(data, sc.manifest, sc.final.learns_each_task)
     if tracker is not None:
-        import hashlib
-
-        from pbr.data.shards import manifest_hash
-        from stages.pipeline.trained import saved_run_tags
-
-        # A run where only scoring changed holds no train stage: what it scored is said here too. The
-        # scores file itself (no artifact: DVC keeps it) is named by its hash.
-        scores = hashlib.sha256((paths.SCORE / "scores.parquet").read_bytes()).hexdigest()
-        tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED), **saved_run_tags(),
-                          "pbr.score_sha256": scores,
-                          "score.resolved.dropout": sc.dropout, "score.resolved.temperature": sc.tau,
-                          "score.resolved.mc_samples": sc.T, "score.resolved.backbone": sc.backbone})
+        record(tracker, summary, {"dropout": sc.dropout, "temperature": sc.tau, "mc_samples": sc.T,
+                                  "backbone": sc.backbone})
     # Last, so that only DVC's commit of these small outputs is left unguarded by the store.
     resume.forget(fp)
     log(f"wrote {paths.SCORE / 'scores.parquet'} ({len(data['label'])} samples): mean MI {summary['score.mean_mi']:.4g}, "
@@ -234,12 +231,51 @@ def run(cfg, log=print, tracker=None) -> dict:
     return summary
 
 
-def _summaries(data: dict, manifest: dict, tracker, learns_each_task: bool = True) -> dict:
-    """The paper's motivation from the scores: per class (minority classes more uncertain), and
-    forgotten against kept samples by MI; CSVs and plots under reports/score/, summary metrics."""
+def record(tracker, summary: dict, settings: dict) -> None:
+    """The stage's record in the run: the summary metrics, reports/score, the scores' hash and the
+    scoring's resolved `settings`. The evaluate stage records it too where DVC did not run this stage
+    (nothing it reads changed): record_outputs."""
+    import hashlib
+
+    from pbr.data.shards import manifest_hash
+    from stages.pipeline.trained import saved_run_tags
+
+    tracker.log_once("pbr.score.logged", [(0, summary)])
+    faults.point("score:logged")
+    for f in sorted(paths.SCORE_REPORTS.iterdir()):
+        tracker.log_artifact(f, "score")
+    # A run where only scoring changed holds no train stage: what it scored is said here too. The
+    # scores file itself (no artifact: DVC keeps it) is named by its hash.
+    scores = hashlib.sha256((paths.SCORE / "scores.parquet").read_bytes()).hexdigest()
+    tracker.set_tags({"pbr.data_manifest": manifest_hash(paths.PREPARED), **saved_run_tags(),
+                      "pbr.score_sha256": scores, **{f"score.resolved.{k}": v for k, v in settings.items()}})
+
+
+def record_outputs(cfg, manifest: dict, settings: dict, tracker) -> None:
+    """`record` from the stage's outputs as they are (scores.parquet, reports/score), for the trained
+    run's `settings`."""
+    import pyarrow.parquet as pq
+
+    from pbr.methods import METHODS
+
+    table = artifacts.read(paths.SCORE / "scores.parquet", pq.read_table, "run `dvc repro score`")
+    data = {c: table.column(c).to_numpy(zero_copy_only=False) for c in table.column_names}
+    record(tracker, summary_of(data, manifest, METHODS[settings["method"]].learns_each_task),
+           resolved(cfg, settings))
+
+
+def _rate(flags) -> float:  # forgotten among the learned (right after a task before the last); NaN where none was
+    return float(flags.mean()) if flags.size else float("nan")
+
+
+def _mean(values) -> float:
+    return float(values.mean()) if values.size else float("nan")
+
+
+def _samples(data: dict, manifest: dict, learns_each_task: bool) -> dict:
+    """The samples the summaries read (masks over `data`'s rows; the MI of the forgotten and kept)."""
     import numpy as np
 
-    counts = manifest["train_counts"]
     last = manifest["n_tasks"] - 1
     # A method that learns at the last task only (JOINT): an earlier task's own model is the untrained
     # network, whose right guesses are no "learned" samples and whose MI scores nothing (NaN).
@@ -248,30 +284,42 @@ def _summaries(data: dict, manifest: dict, tracker, learns_each_task: bool = Tru
     # The last task's own model is the final one: its samples cannot be forgotten, and counted as
     # kept they would pull the rate down and the kept MI towards the newest (tail) classes.
     learned = train & data["correct_own"] & (data["task"] < last) & trained
-    nan = float("nan")
+    # A method without an MC-dropout score has NaN MI: its histograms are empty.
+    scored = ~np.isnan(data["mi"])
+    return {"trained": trained, "train": train, "learned": learned, "scored": scored,
+            "forgotten": data["mi"][learned & data["forgotten"] & scored],
+            "kept": data["mi"][learned & ~data["forgotten"] & scored]}
 
-    def rate(flags):  # forgotten among the learned (right after a task before the last); NaN where none was
-        return float(flags.mean()) if flags.size else nan
 
-    def mean(values):
-        return float(values.mean()) if values.size else nan
+def summary_of(data: dict, manifest: dict, learns_each_task: bool = True) -> dict:
+    """The summary metrics of the scores `data` (scores.parquet's columns)."""
+    s = _samples(data, manifest, learns_each_task)
+    return {"score.mean_mi": _mean(data["mi"][s["train"] & s["trained"]]),
+            "score.forgotten_rate": _rate(data["forgotten"][s["learned"]]),
+            "score.mi_forgotten": _mean(s["forgotten"]), "score.mi_kept": _mean(s["kept"])}
 
+
+def _summaries(data: dict, manifest: dict, learns_each_task: bool = True) -> dict:
+    """The paper's motivation from the scores: per class (minority classes more uncertain), and
+    forgotten against kept samples by MI; CSVs and plots under reports/score/, summary metrics."""
+    import numpy as np
+
+    counts = manifest["train_counts"]
+    s = _samples(data, manifest, learns_each_task)
+    trained, train, learned, scored, forgotten, kept = (
+        s[k] for k in ("trained", "train", "learned", "scored", "forgotten", "kept"))
     by_class = []
     for pos, c in enumerate(manifest["class_order"]):
         m = train & (data["label"] == c)
         by_class.append({"position": pos, "label": c, "class": manifest["class_names"][c],
                          "task": int(data["task"][m][0]) if m.any() else -1, "count": counts[c],
-                         "mean_mi": mean(data["mi"][m & trained]), "mean_entropy": mean(data["entropy"][m & trained]),
-                         "mean_mi_final": mean(data["mi_final"][m]),
-                         "forgotten_rate": rate(data["forgotten"][m & learned])})
+                         "mean_mi": _mean(data["mi"][m & trained]), "mean_entropy": _mean(data["entropy"][m & trained]),
+                         "mean_mi_final": _mean(data["mi_final"][m]),
+                         "forgotten_rate": _rate(data["forgotten"][m & learned])})
     # reports/score (this stage's alone) is written whole in a temporary folder that replaces it in one
     # rename, as evaluate's reports/eval: killed midway, new CSVs stood beside the old plots.
     with artifacts.atomic_dir(paths.SCORE_REPORTS) as out:
         artifacts.write_csv(out / "by_class.csv", by_class)
-        # A method without an MC-dropout score has NaN MI: its histograms are empty.
-        scored = ~np.isnan(data["mi"])
-        forgotten = data["mi"][learned & data["forgotten"] & scored]
-        kept = data["mi"][learned & ~data["forgotten"] & scored]
         edges = np.linspace(0, max(float(data["mi"][train & scored].max()) if (train & scored).any() else 0.0, 1e-6), 21)
         hf = np.histogram(forgotten, edges)[0]
         hk = np.histogram(kept, edges)[0]
@@ -288,13 +336,4 @@ def _summaries(data: dict, manifest: dict, tracker, learns_each_task: bool = Tru
             out / "uncertainty_vs_frequency.png")
         plots.histograms({"forgotten": forgotten.tolist(), "kept": kept.tolist()}, "MI (own-task model)",
                          "Forgotten vs kept training samples", out / "forgotten_vs_kept.png", bins=edges)
-    summary = {"score.mean_mi": mean(data["mi"][train & trained]),
-               "score.forgotten_rate": rate(data["forgotten"][learned]),
-               "score.mi_forgotten": float(forgotten.mean()) if forgotten.size else nan,
-               "score.mi_kept": float(kept.mean()) if kept.size else nan}
-    if tracker is not None:
-        tracker.log_once("pbr.score.logged", [(0, summary)])
-        faults.point("score:logged")
-        for f in sorted(paths.SCORE_REPORTS.iterdir()):
-            tracker.log_artifact(f, "score")
-    return summary
+    return summary_of(data, manifest, learns_each_task)
