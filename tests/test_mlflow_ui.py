@@ -32,7 +32,12 @@ def test_pbr_ui_opens_on_the_training_runs_and_their_charts(tmp_path, finished):
 
     repo = copy_project(finished, tmp_path / "repo")
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
-    [run] = client.search_runs([client.get_experiment_by_name("pbr").experiment_id])
+    exp_id = client.get_experiment_by_name("pbr").experiment_id
+    [run] = client.search_runs([exp_id])
+    # A run stopped after training (`dvc exp run ... train`): FINISHED, with the same green check in the
+    # UI, but no complete run (`pbr report` leaves it out); the link lists the complete ones.
+    stopped = client.create_run(exp_id, run_name="stopped-after-train", tags={"pbr.stage.train": "done"})
+    client.set_terminated(stopped.info.run_id, "FINISHED")
     acc = json.loads((repo / "reports/metrics.json").read_text())["class_il"]["acc"]
 
     port = free_port()
@@ -60,6 +65,10 @@ def test_pbr_ui_opens_on_the_training_runs_and_their_charts(tmp_path, finished):
                 page.get_by_text(run.info.run_name).first.wait_for(timeout=60_000)  # the run list
                 page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)  # a chart has drawn
                 text = page.inner_text("body")
+                assert "stopped-after-train" not in text, text[:3000]
+                # The filter stands in the search box, to clear for every run (a running one too).
+                boxes = page.eval_on_selector_all("input, textarea", "els => els.map(e => e.value)")
+                assert "tags.pbr.complete = 'true'" in boxes, boxes
                 assert "Model metrics" in text
                 # The model-training side of MLflow's GenAI | Model training switch: its navigation
                 # (the model registry), not the GenAI one (judges, sessions, evaluation runs).

@@ -139,7 +139,8 @@ def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, m
         # The team server's page of the training runs (test_mlflow_ui opens such a link in a browser).
         link = carols("bob", "ui")
         assert link.returncode == 0 and link.stdout.strip() == (
-            f"{uri}/#/experiments/{exp_id}/runs?workflowType=machine_learning&compareRunsMode=CHART"), link.stderr
+            f"{uri}/#/experiments/{exp_id}/runs?workflowType=machine_learning&compareRunsMode=CHART"
+            "&searchFilter=tags.pbr.complete%20%3D%20%27true%27"), link.stderr
 
         # Nobody without credentials gets in, nor with a wrong password.
         for r, who in ((_pbr(c, uri, None, "report"), "asks for an account"),

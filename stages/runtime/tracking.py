@@ -263,10 +263,17 @@ def store_error(uri: str, e: Exception, fix: str) -> str:
 KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
 
 
+# The runs the UI's link lists: those whose evaluate stage ended (`pbr report`'s); a run stopped after
+# training is FINISHED too, with the same green check. The UI reads its search box from the link.
+COMPLETE_FILTER = "tags.pbr.complete = 'true'"
+
+
 def ui_link(base: str, experiment_id: str) -> str:
-    """The MLflow UI page of an experiment's training runs with their metric charts."""
+    """The MLflow UI page of an experiment's complete training runs with their metric charts."""
+    from urllib.parse import quote
+
     return (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
-            "?workflowType=machine_learning&compareRunsMode=CHART")
+            f"?workflowType=machine_learning&compareRunsMode=CHART&searchFilter={quote(COMPLETE_FILTER, safe='')}")
 
 
 def given_by(flag: bool) -> str:
