@@ -63,6 +63,11 @@ def test_pipeline_metrics_plots_and_mlflow_agree(tmp_path, finished):
     run_json = json.loads((repo / "artifacts/train/run.json").read_text())
     assert r.data.tags["pbr.code_sha256"] == code_hash() == run_json["code_sha256"]
     assert r.data.tags["pbr.fingerprint"] == run_json["fingerprint"]
+    # The resolved settings as params too (MLflow's parallel-coordinates and scatter charts read no tags):
+    # PBR's auto head and dropout, the lr its preset gives, as the tags say them.
+    resolved = {k: v for k, v in r.data.params.items() if k.startswith("resolved.")}
+    assert resolved == {k: v for k, v in r.data.tags.items() if k.startswith("resolved.")}
+    assert resolved["resolved.head"] == "cosine" and resolved["resolved.seed"] == "0"
     import hashlib  # the scores, which DVC keeps (no artifact), named by their hash
 
     assert r.data.tags["pbr.score_sha256"] == hashlib.sha256((repo / "artifacts/score/scores.parquet").read_bytes()).hexdigest()

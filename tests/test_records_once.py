@@ -110,6 +110,23 @@ def test_a_joined_run_with_other_values_gets_them(tmp_path, records_to_files):
     assert [(s, v) for _, s, v in _points(records_to_files, run)] == [(0, 0.25), (0, 0.5)]
 
 
+def test_a_joined_run_holding_a_param_keeps_it(tmp_path):
+    """MLflow refuses to change a param's value: a stage logging the resolved settings as params in a
+    run a killed try (or an earlier stage) logged them in skips those it holds, rather than failing."""
+    from mlflow import MlflowClient
+
+    from stages.runtime import tracking
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    rec = tracking._MlflowRecorder(client, client.create_experiment("pbr"))
+    run_id = rec.create({})
+    tracking.StageRun(rec, run_id).log_new_params({"resolved.lr": 0.1})
+    joined = tracking.StageRun(rec, run_id, {"pbr.stage": "train"})
+    joined.log_new_params({"resolved.lr": 0.1, "resolved.head": "cosine"})
+    joined.log_new_params({"resolved.lr": 0.2})
+    assert client.get_run(run_id).data.params == {"resolved.lr": "0.1", "resolved.head": "cosine"}
+
+
 def test_evaluate_sigkilled_after_its_metrics_logs_each_once_in_mlflow(tmp_path, trained):
     """The same through a real SIGKILL (PBR_KILL_AT) of `pbr evaluate`, recording to MLflow's sqlite store."""
     from mlflow import MlflowClient

@@ -12,7 +12,8 @@ import json
 
 from pbr.metrics import minority_tasks, scenario_metrics
 from stages.pipeline.trained import (  # noqa: F401 (check: asked by the CLI before the stage's run begins)
-    TASK_FIX, check, check_trained, finished_summary, keeps_buffer, let_the_resume_store_go, saved_run_tags)
+    TASK_FIX, check, check_trained, finished_summary, keeps_buffer, let_the_resume_store_go, saved_run_params,
+    saved_run_tags)
 from stages.runtime import artifacts, faults, paths, plots
 
 
@@ -237,6 +238,7 @@ def run(cfg, log=print, tracker=None) -> dict:
         linked = dvc_lock_hashes()
         if tracker.joined.get("pbr.stage.score") != "done" and scored_this_training(linked):
             score.record_outputs(cfg, manifest, summary["settings"], tracker)
+        tracker.log_new_params(saved_run_params())
         tracker.set_tags({**saved_run_tags(), **linked, "pbr.complete": "true"})
     # Last: a run killed before here (in scoring or evaluating) and queued again starts from the
     # baseline's outputs, so its training is taken back from the store rather than done again.

@@ -20,7 +20,7 @@ from pbr.errors import UserError
 from stages.runtime import artifacts, faults, mps, paths, resume, threads
 from stages.runtime.paths import code_hash  # noqa: F401 (the fingerprint's; tests patch it here)
 from stages.runtime.config import Config
-from stages.runtime.run_settings import RunSettings, trained_tags
+from stages.runtime.run_settings import RunSettings, trained_run_params, trained_tags
 from stages.pipeline.trained import TASK_FIX, build_method, keeps_buffer, trained_params
 
 STATE = "state.pt"
@@ -238,6 +238,7 @@ def _record_run(out: Path, fp: str, s: RunSettings, device, n_threads: int, n_ta
               "versions": library_versions()}  # this try's, as device and threads are
     if tracker is not None:
         tracker.set_tags({"pbr.data_manifest": data, **trained_tags(record)})
+        tracker.log_new_params(trained_run_params(record))
     artifacts.write_text(out / "run.json", json.dumps(record, indent=1))
     resume.keep(out, "run.json", fp)
 

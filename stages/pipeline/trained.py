@@ -170,6 +170,14 @@ def saved_run_tags() -> dict:
     return trained_tags(record) if record is not None else {}
 
 
+def saved_run_params() -> dict:
+    """The trained run's MLflow params (run_settings.trained_run_params), logged again by evaluate."""
+    from stages.runtime.run_settings import trained_run_params
+
+    record = saved_run()
+    return trained_run_params(record) if record is not None else {}
+
+
 def let_the_resume_store_go() -> None:
     """The evaluate stage's last step: the pipeline of the trained run is complete and, under DVC,
     its training committed, so the copy of its tasks kept for a killed `dvc exp run` or queued run

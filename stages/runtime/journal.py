@@ -148,6 +148,9 @@ class Recorder:
         if tags:  # after the metrics: a tag saying what is logged (train's logged tasks) never runs ahead of it
             _replace(d / TAGS, {**_read(d / TAGS, {}), **{k: str(v) for k, v in tags.items()}})
 
+    def params(self, rid: str) -> dict[str, str]:
+        return _read(self.home / rid / PARAMS, {}) or {}
+
     def log_artifact(self, rid: str, path: Path, artifact_path: str | None = None) -> None:
         dest = self.home / rid / ARTIFACTS / (artifact_path or "")
         dest.mkdir(parents=True, exist_ok=True)

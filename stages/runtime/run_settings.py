@@ -80,6 +80,11 @@ class RunSettings:
         return {**{f"resolved.{k}": v for k, v in self.values.items()},
                 **{f"source.{k}": v for k, v in self.sources.items() if v != "params"}}
 
+    def params(self) -> dict[str, Any]:
+        """MLflow params: each resolved value, as its tag `resolved.*` says it (the UI's parallel
+        coordinates and scatter charts read params and metrics, not tags)."""
+        return {f"resolved.{k}": v for k, v in self.values.items()}
+
     def score_temperature(self) -> float:
         """The MC-dropout softmax temperature the run's method scores at (the score stage's auto)."""
         return self.method.score_temperature(self.values)
@@ -107,3 +112,9 @@ def trained_tags(record: dict[str, Any]) -> dict[str, Any]:
              "pbr.code_sha256": record.get("code_sha256"), "pbr.data_manifest": record.get("data_manifest")}
     return {**{k: v for k, v in where.items() if v is not None},
             **RunSettings(record["settings"], record.get("sources", {})).tags()}
+
+
+def trained_run_params(record: dict[str, Any]) -> dict[str, Any]:
+    """The MLflow params of a trained run, from its run.json: every value it resolved (`resolved.*`).
+    Logged with trained_tags, by the train stage and the evaluate stage (a run where DVC skipped train)."""
+    return RunSettings(record["settings"]).params()

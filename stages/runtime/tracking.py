@@ -457,6 +457,9 @@ class _MlflowRecorder:
     def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), artifact_path)
 
+    def params(self, run_id: str) -> dict[str, str]:
+        return dict(self.client.get_run(run_id).data.params)
+
 
 def recorder():
     """The store a stage records to, behind the small interface `stage_run` uses: plain files for a
@@ -581,6 +584,14 @@ class StageRun:
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self.rec.log(self.run_id, tags={k: str(v) for k, v in tags.items()})
+
+    def log_new_params(self, params: dict[str, Any]) -> None:
+        """The `params` the run does not hold yet: MLflow refuses to change a param's value, and a
+        joined run (a killed try's, one an earlier stage recorded them in) may hold them already."""
+        held = self.rec.params(self.run_id)
+        new = {k: v for k, v in params.items() if k not in held}
+        if new:
+            self.rec.log(self.run_id, params=new)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if Path(path).exists():
