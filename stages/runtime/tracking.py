@@ -601,6 +601,19 @@ class StageRun:
 STAGES = ("prepare", "train", "score", "evaluate")  # dvc.yaml's order
 
 
+def run_name(flat_params: dict[str, Any], exp_name: str) -> str:
+    """A run's name in MLflow's list: its method, dataset, buffer size and seed, then DVC's experiment
+    name in parentheses (`dvc exp run` without -n names it like peppy-dado, which says none of them).
+    A name that holds the method and the seed already (pbr sweep's c10-pbr-b200-ord-ir0.01-s0) alone."""
+    method, seed, buffer = (flat_params.get(k) for k in ("method.name", "seed", "method.buffer_size"))
+    if exp_name and {str(method), f"s{seed}"} <= set(exp_name.split("-")):
+        return exp_name
+    parts = [str(v) for v in (method, flat_params.get("data.dataset")) if v is not None]
+    parts += ([f"b{buffer}"] if buffer is not None else []) + ([f"s{seed}"] if seed is not None else [])
+    name = "-".join(parts) or "pbr"
+    return f"{name} ({exp_name})" if exp_name else name
+
+
 def _done_here_or_later(stage: str, tags: dict) -> bool:
     later = STAGES[STAGES.index(stage):] if stage in STAGES else (stage,)
     return any(tags.get(f"pbr.stage.{s}") == "done" for s in later)
@@ -656,8 +669,7 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
     stage_tags = {**git, **me, "pbr.stage": stage, "dvc.exp_name": exp_name,
                   "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
                   **{f"pbr.version.{k}": v for k, v in library_versions().items()},
-                  "mlflow.runName": os.environ.get("DVC_EXP_NAME") or f"{flat_params.get('method.name')}-"
-                                    f"{flat_params.get('data.dataset')}-{key[:6]}",
+                  "mlflow.runName": run_name(flat_params, exp_name),
                   **(tags or {})}
 
     def fresh() -> str:
