@@ -57,6 +57,12 @@ def test_pipeline_metrics_plots_and_mlflow_agree(tmp_path, finished):
     assert r.data.tags["dvc.md5.artifacts/train"].endswith(".dir")  # models and buffers: linked by hash
     assert_links_this_execution(r.data.tags, repo)
     assert len(r.data.tags["git.commit"]) == 40 and r.data.tags["pbr.data_manifest"]
+    assert r.data.tags["mlflow.source.git.commit"] == r.data.tags["git.commit"]  # the UI's Version column
+    # No NaN figure (this tiny run forgets every sample it learned: no kept MI to average); NaN is
+    # left for imported and hand-logged runs (docs/report.md).
+    import math
+
+    assert "score.mean_mi" in r.data.metrics and all(math.isfinite(v) for v in r.data.metrics.values())
     # the code and the run it trained, by hash (git.dirty alone cannot say what a dirty tree ran)
     from stages.pipeline.train import code_hash
 

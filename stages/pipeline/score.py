@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -240,7 +241,8 @@ def record(tracker, summary: dict, settings: dict) -> None:
     from pbr.data.shards import manifest_hash
     from stages.pipeline.trained import saved_run_tags
 
-    tracker.log_once("pbr.score.logged", [(0, summary)])
+    # An empty group's figure (no sample forgotten: score.mi_forgotten) is none: not logged as NaN.
+    tracker.log_once("pbr.score.logged", [(0, {k: v for k, v in summary.items() if not math.isnan(v)})])
     faults.point("score:logged")
     for f in sorted(paths.SCORE_REPORTS.iterdir()):
         tracker.log_artifact(f, "score")

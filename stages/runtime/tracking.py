@@ -614,6 +614,12 @@ def run_name(flat_params: dict[str, Any], exp_name: str) -> str:
     return f"{name} ({exp_name})" if exp_name else name
 
 
+def source_tags(git: dict[str, str]) -> dict[str, str]:
+    """MLflow's own tag of the code's commit (git_state's), which its UI shows in the Version column."""
+    commit = git.get("git.commit", "unknown")
+    return {} if commit == "unknown" else {"mlflow.source.git.commit": commit}
+
+
 def _done_here_or_later(stage: str, tags: dict) -> bool:
     later = STAGES[STAGES.index(stage):] if stage in STAGES else (stage,)
     return any(tags.get(f"pbr.stage.{s}") == "done" for s in later)
@@ -669,7 +675,7 @@ def stage_run(stage: str, flat_params: dict[str, Any], params_file: Path, tags: 
     stage_tags = {**git, **me, "pbr.stage": stage, "dvc.exp_name": exp_name,
                   "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
                   **{f"pbr.version.{k}": v for k, v in library_versions().items()},
-                  "mlflow.runName": run_name(flat_params, exp_name),
+                  "mlflow.runName": run_name(flat_params, exp_name), **source_tags(git),
                   **(tags or {})}
 
     def fresh() -> str:
