@@ -88,6 +88,7 @@ def test_er_runs_through_dvc_exp_run_and_resumes_after_sigkill(tmp_path, finishe
     assert len(client.get_metric_history(done.info.run_id, "data.task_train_count")) == 5
     assert {a.path for a in client.list_artifacts(done.info.run_id, "prepare")} == {
         "prepare/class_counts.csv", "prepare/task_counts.csv"}
+    assert re.fullmatch(r"er-cifar10-b200-s0 \(.+\)", done.info.run_name), done.info.run_name  # DVC's name after
 
     # The experiment and the finished PBR run it started from are two rows of one table, each once.
     from stages.experiments import report

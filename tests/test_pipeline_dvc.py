@@ -122,6 +122,24 @@ def test_tracking_anchors_to_the_repository_from_a_queue_workspace(tmp_path, mon
         assert tracking.tracking_uri(ws) == want
 
 
+def test_a_runs_name_says_its_settings(tmp_path, monkeypatch, records_to_files):
+    """MLflow's run list showed DVC's experiment name alone (`dvc exp run` without -n: peppy-dado, which
+    says nothing of the run) or, under dvc repro, method-dataset-hash without the seed. pbr sweep's
+    names say the settings already."""
+    from stages.runtime import tracking
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PBR_GIT_COMMIT", "c" * 40)
+    (tmp_path / "params.yaml").write_text("seed: 1\n")
+    flat = {"method.name": "pbr", "data.dataset": "cifar10", "method.buffer_size": 200, "seed": 1}
+    for exp_name in ("peppy-dado", "", "c10-pbr-b200-ord-ir0.01-s1", "fid-pbr-s1-proxy"):
+        monkeypatch.setenv("DVC_EXP_NAME", exp_name)
+        with tracking.stage_run("prepare", flat, tmp_path / "params.yaml"):
+            pass
+    assert sorted(r.info.run_name for r in records_to_files.search_runs(["pbr"])) == [
+        "c10-pbr-b200-ord-ir0.01-s1", "fid-pbr-s1-proxy", "pbr-cifar10-b200-s1", "pbr-cifar10-b200-s1 (peppy-dado)"]
+
+
 def test_a_command_in_a_subfolder_reads_the_repositorys_store(tmp_path, monkeypatch):
     """`pbr report` (or `pbr ui`) from docs/ read a new, empty store there: "no finished runs"."""
     from stages.runtime import tracking

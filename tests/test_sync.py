@@ -439,7 +439,7 @@ def test_a_stage_joins_its_own_executions_run_only(tmp_path, monkeypatch, store)
         return client.search_runs([client.get_experiment_by_name("pbr").experiment_id])
 
     def runs():
-        return sorted((r.info.run_name, sorted(k.removeprefix("pbr.stage.") for k, v in r.data.tags.items()
+        return sorted((r.data.tags["dvc.exp_name"], sorted(k.removeprefix("pbr.stage.") for k, v in r.data.tags.items()
                                                if k.startswith("pbr.stage.") and v == "done"))
                       for r in all_runs())
 
@@ -456,15 +456,15 @@ def test_a_stage_joins_its_own_executions_run_only(tmp_path, monkeypatch, store)
     monkeypatch.setenv("DVC_EXP_NAME", "stopped")
     with pytest.raises(KeyboardInterrupt), tracking.stage_run("prepare", {"seed": 4}, tmp_path / "params.yaml"):
         raise KeyboardInterrupt
-    assert {r.info.run_name: r.info.status for r in all_runs()}["stopped"] == "KILLED"
+    assert {r.data.tags["dvc.exp_name"]: r.info.status for r in all_runs()}["stopped"] == "KILLED"
     # Run again: the same execution goes on in the same run; a stage that fails, and its try after the
     # fix, the same.
     execution("stopped", "prepare")
     with pytest.raises(UserError), tracking.stage_run("train", {"seed": 4}, tmp_path / "params.yaml"):
         raise UserError("data/prepared is missing")
-    assert {r.info.run_name: r.info.status for r in all_runs()}["stopped"] == "FAILED"
+    assert {r.data.tags["dvc.exp_name"]: r.info.status for r in all_runs()}["stopped"] == "FAILED"
     execution("stopped", "train", "score", "evaluate")
-    stopped = [r for r in all_runs() if r.info.run_name == "stopped"]
+    stopped = [r for r in all_runs() if r.data.tags["dvc.exp_name"] == "stopped"]
     assert [r.info.status for r in stopped] == ["FINISHED"]
     assert ("stopped", ["evaluate", "prepare", "score", "train"]) in runs()
     # A teammate's killed try on the team server, of the same commit and params: theirs, not joined.
@@ -477,7 +477,7 @@ def test_a_stage_joins_its_own_executions_run_only(tmp_path, monkeypatch, store)
             raise KeyboardInterrupt
     with tracking.stage_run("prepare", {"seed": 4}, tmp_path / "params.yaml"):
         pass
-    mine = {(r.data.tags["pbr.host"], r.info.status) for r in all_runs() if r.info.run_name.startswith("None-")}
+    mine = {(r.data.tags["pbr.host"], r.info.status) for r in all_runs() if r.data.tags["dvc.exp_name"] == ""}
     assert mine == {(socket.gethostname(), "FINISHED"), ("their-node", "KILLED")}
 
 
@@ -513,7 +513,7 @@ def test_the_next_dvc_exp_run_of_a_killed_one_joins_its_run(tmp_path, monkeypatc
 
             client = MlflowClient(uri)
             found = client.search_runs([client.get_experiment_by_name("pbr").experiment_id])
-        return sorted((r.info.run_name, r.info.status, sorted(k.removeprefix("pbr.stage.") for k, v in
+        return sorted((r.data.tags["dvc.exp_name"], r.info.status, sorted(k.removeprefix("pbr.stage.") for k, v in
                                                               r.data.tags.items() if v == "done"))
                       for r in found)
 
