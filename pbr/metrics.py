@@ -1,7 +1,7 @@
 """Continual-learning metrics from the accuracy matrix R (R[j][i] = accuracy on task i after
-training on task j; entries above the diagonal are never read, NaN is fine). The masked per-batch
-accuracy that fills it is the training loop's (pbr/loop.py task_accuracy): its code is the train
-stage's, this module the evaluate stage's."""
+training on task j; entries above the diagonal are never read: None, as training writes those it
+does not evaluate, or NaN is fine). The masked per-batch accuracy that fills it is the training
+loop's (pbr/loop.py task_accuracy): its code is the train stage's, this module the evaluate stage's."""
 
 from __future__ import annotations
 

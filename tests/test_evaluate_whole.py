@@ -87,3 +87,26 @@ def test_score_interrupted_while_drawing_its_reports_leaves_the_old_set_whole(tm
         _run_stage_in(repo, score)
     assert {f.name: f.read_bytes() for f in folder.iterdir()} == old
     assert not list((repo / "reports").glob(".score.*"))
+
+
+def test_a_run_trained_before_unlearned_tasks_went_unevaluated_reports_as_one_trained_after(trained, tmp_path):
+    """Training scores no test set of a task not learned yet: null in accuracy.json. A run trained
+    before that holds Class-IL's 0 and a Task-IL value there; evaluated, it gives the same bytes
+    (metrics.json, the matrices' CSVs with "nan" above the diagonal, the plots)."""
+    import json
+
+    from stages.pipeline import evaluate
+
+    new = _reports(_run_stage_in(_copy_trained(trained, tmp_path / "new"), evaluate))
+    old = _copy_trained(trained, tmp_path / "old")
+    record = old / "artifacts/train/accuracy.json"
+    summary = json.loads(record.read_text())
+    for scen, filler in (("class_il", 0.0), ("task_il", 50.0)):
+        m = summary[scen]["matrix"]
+        assert [r[k + 1:] for k, r in enumerate(m)] == [[None] * (4 - k) for k in range(5)]
+        summary[scen]["matrix"] = [[filler if v is None else v for v in r] for r in m]
+    record.write_text(json.dumps(summary, indent=1))
+    assert _reports(_run_stage_in(old, evaluate)) == new
+    for scen in ("class_il", "task_il"):
+        after_task0 = new[f"{scen}_matrix.csv"].decode().splitlines()[1].split(",")
+        assert after_task0[0] == "0" and float(after_task0[1]) >= 0 and after_task0[2:] == ["nan"] * 4

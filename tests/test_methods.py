@@ -160,6 +160,33 @@ def test_evaluate_masks_class_il_to_seen_classes_and_task_il_to_the_task():
     assert 0 < t[1] < 100  # an untrained pair of classes: the comparison could go either way
 
 
+@pytest.mark.parametrize("name", ["sgd", "pnn"])  # PNN predicts twice a batch (once with the task's column)
+def test_after_each_task_only_the_learned_tasks_test_sets_are_scored(name):
+    """After task k the test sets of tasks 0..k are predicted, no later one (read by no metric:
+    Class-IL 0 by its mask, Task-IL chance), and the row says those are not evaluated: None. The
+    test sets' sizes differ, so the images predicted say which were scored."""
+    method, ctx = _setup(name, n_classes=6, n_tasks=3)
+    sizes = [3, 5, 11]
+    predicted = []
+    predict = method.predict
+    method.predict = lambda x, task=None: predicted.append(x.shape[0]) or predict(x, task)
+
+    class Rows(Observer):
+        rows = []
+
+        def task_done(self, task, stats, class_il, task_il):
+            self.rows.append((sum(predicted), class_il, task_il))
+            predicted.clear()
+
+    train_tasks(method, [_task(t) for t in range(3)], [_task(t, n=n, seed=50) for t, n in enumerate(sizes)],
+                [1] * 3, 8, eval_batch_size=4, observer=Rows())
+    calls = 2 if name == "pnn" else 1
+    assert [r[0] for r in Rows.rows] == [calls * 3, calls * 8, calls * 19]  # not 19 after every task
+    for k, (_, c, t) in enumerate(Rows.rows):
+        assert c[k + 1:] == t[k + 1:] == [None] * (2 - k)
+        assert all(isinstance(v, float) for v in c[: k + 1] + t[: k + 1])
+
+
 class _Fixed(METHODS["sgd"]):
     """Predicts class 1 without the task identity and the task's last class with it."""
 

@@ -72,6 +72,8 @@ def test_minority_tasks_and_scenario_metrics_by_hand():
     assert minority_tasks([5, 5, 5, 5]) == [2, 3]
     m = scenario_metrics([[90.0, float("nan")], [60.0, 80.0]], [1])
     assert m == {"acc": 70.0, "bwt": -30.0, "forgetting": 30.0, "minority_acc": 80.0}
+    # The task not learned yet as training writes it (None: not evaluated) reads alike.
+    assert scenario_metrics([[90.0, None], [60.0, 80.0]], [1]) == m
     # Three tasks, where forgetting is not -BWT: task 0 peaks after task 1 (70, not its 50 on the
     # diagonal), so it forgot 10 while its BWT is +10; task 1 forgot nothing (80 -> 90).
     m = scenario_metrics([[50.0, NAN, NAN], [70.0, 80.0, NAN], [60.0, 90.0, 90.0]], [1, 2])

@@ -26,6 +26,10 @@ def test_a_task_not_learned_yet_is_grey_not_a_number(drawn, tmp_path):
     image = ax.get_images()[0].get_array()
     assert [bool(image.mask[j][i]) for j in range(3) for i in range(3)] == [i > j for j in range(3) for i in range(3)]
     assert sorted(t.get_text() for t in joint.texts) == ["40", "45", "50"]
+    # As training now writes those cells: None (not evaluated), drawn as the values above were.
+    drawn.clear()
+    plots.heatmaps({"Task-IL": [[80.0, None, None], [60.0, 70.0, None], [50.0, 55.0, 65.0]]}, tmp_path / "m.png")
+    assert sorted(t.get_text() for t in drawn[0].axes[0].texts) == sorted(["80", "60", "70", "50", "55", "65"])
 
 
 def test_forgotten_and_kept_share_their_bins(drawn, tmp_path, monkeypatch):

@@ -134,7 +134,7 @@ class PNN(ContinualMethod):
         super().begin_task(task, images, labels)
 
     def predict(self, x: torch.Tensor, task: int | None = None) -> torch.Tensor:
-        # A task not learned yet has no column: the newest one answers (the row's unseen entries).
+        # A task not learned yet has no column: the newest one answers (train_tasks asks none such).
         return self.net(x, None if task is None else min(task, len(self.net.columns) - 1))
 
     def classifier_norms(self) -> torch.Tensor:

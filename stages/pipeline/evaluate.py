@@ -170,7 +170,10 @@ def run(cfg, log=print, tracker=None) -> dict:
             if scen in modes:
                 result[scen] = {**{k: v for k, v in scenario_metrics(m, minority).items() if k not in drop},
                                 "final_per_task": m[-1]}
-            rows = [{"after_task": j, **{f"task_{i}": round(v, 4) for i, v in enumerate(r)}} for j, r in enumerate(m)]
+            # A task not learned yet (i > j) is not evaluated: null in accuracy.json ("nan" here, as in
+            # accuracy_curve.csv below), also where a run trained before that holds its 0 or chance.
+            rows = [{"after_task": j, **{f"task_{i}": float("nan") if i > j or v is None else round(v, 4)
+                                         for i, v in enumerate(r)}} for j, r in enumerate(m)]
             artifacts.write_csv(out / f"{scen}_matrix.csv", rows)
         # NaN where the matrices above are no results: a mode the method has no metrics of (PNN's
         # Class-IL), rows before the last of a method that learns at the last task only (JOINT). NaN, not

@@ -161,7 +161,7 @@ class _TaskRecorder:
                             f"lower train.lr or the method's loss weights (method.* in params.yaml)")
         faults.point(f"train:task{task}:epoch{e.epoch}")
 
-    def task_done(self, k: int, stats, c_row: list[float], t_row: list[float]) -> None:
+    def task_done(self, k: int, stats, c_row: list[float | None], t_row: list[float | None]) -> None:
         self.progress.close()
         self.rows["class_il"].append(c_row)
         self.rows["task_il"].append(t_row)

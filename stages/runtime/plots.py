@@ -26,8 +26,8 @@ def _save(plt, fig, path: Path) -> None:
 
 def heatmaps(matrices: dict[str, list[list[float]]], path: Path, note: str = "") -> None:
     """R[j][i] for each scenario side by side: rows = after task j, columns = test task i. A task not
-    yet learned (i > j; Class-IL masks its classes, Task-IL would read chance) and a NaN entry (a row
-    that means nothing) are grey, without a number."""
+    yet learned (i > j: not evaluated, None; a run trained before that holds Class-IL's 0 and Task-IL's
+    chance there) and a NaN entry (a row that means nothing) are grey, without a number."""
     import numpy as np
 
     plt, (fig, axes) = _figure(1, len(matrices), figsize=(4.8 * len(matrices), 4.2), layout="constrained")
