@@ -179,6 +179,22 @@ def test_same_seed_same_bytes_and_changed_settings_start_over(workdir, prepared)
     assert "starting over" in log and changed["settings"]["lr"] == 0.05
 
 
+def test_starting_over_names_what_changed(workdir, prepared, monkeypatch):
+    """An edit of the training code (a new method's file in pbr/methods too) retrains every run: the
+    line says so, with the hashes run.json holds, rather than leave the user to guess a setting."""
+    from stages.pipeline import train
+
+    _train(_cfg(prepared / "raw", method={"name": "sgd"}))  # at lr 0.1, Mammoth's best on CIFAR-10
+    _, log = _train(_cfg(prepared / "raw", method={"name": "sgd"}, train={"lr": 0.05}))
+    assert "artifacts/train: settings changed (lr 0.1 -> 0.05) since the saved tasks; starting over" in log
+    before = json.loads((workdir / "artifacts/train/run.json").read_text())["code_sha256"]
+    monkeypatch.setattr(train, "code_hash", lambda: "7ad97255" + "0" * 56)
+    _, log = _train(_cfg(prepared / "raw", method={"name": "sgd"}, train={"lr": 0.05}))
+    assert (f"artifacts/train: code changed (code_sha256 {before[:8]} -> 7ad97255, the hash of pbr/methods, "
+            "pbr/memory, pbr/models, ...: any edit there, a new method's file too) since the saved tasks; "
+            "starting over") in log
+
+
 def test_cuda_requested_without_a_gpu_is_a_clear_error(workdir, prepared):
     import torch
 

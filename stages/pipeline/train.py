@@ -196,19 +196,49 @@ def _refuse(cfg: Config, manifest: dict, s: RunSettings, device) -> None:
                         f"CPU kernels; use model.width >= 8 or train.compile: false")
 
 
-def _keep_or_start_over(out: Path, fp: str, n_tasks: int, log) -> None:
+def _what_changed(saved: dict, s: RunSettings, device) -> str:
+    """What of the fingerprint's parts differs from the saved run's run.json: "starting over" names
+    it, since an edit anywhere in TRAIN_CODE (a new method's file in pbr/methods too) trains every
+    run again, which no setting the user changed would explain."""
+    from pbr.data.shards import manifest_hash
+
+    def short(v) -> str:
+        text = json.dumps(v)
+        return text if len(text) <= 24 else text[:21] + "..."
+
+    said = []
+    now, before = json.loads(json.dumps(s.values)), saved.get("settings") or {}
+    keys = [k for k in sorted(now.keys() | before.keys()) if now.get(k, ...) != before.get(k, ...)]
+    if keys:
+        said.append("settings changed (" + ", ".join(
+            f"{k} {short(before[k]) if k in before else 'unset'} -> {short(now[k]) if k in now else 'unset'}"
+            for k in keys[:4]) + (", ..." if len(keys) > 4 else "") + ")")
+    data = manifest_hash(paths.PREPARED)
+    if saved.get("data_manifest") not in (None, data):
+        said.append(f"data changed ({paths.PREPARED} manifest {saved['data_manifest'][:8]} -> {data[:8]})")
+    if saved.get("device") and str(saved["device"]).split(":")[0] != device.type:
+        said.append(f"device changed ({saved['device']} -> {device.type})")
+    code = code_hash()
+    if saved.get("code_sha256") not in (None, code):
+        said.append(f"code changed (code_sha256 {saved['code_sha256'][:8]} -> {code[:8]}, the hash of "
+                    f"{', '.join(paths.TRAIN_CODE[:3])}, ...: any edit there, a new method's file too)")
+    return "; ".join(said) or "settings, data or code changed"
+
+
+def _keep_or_start_over(out: Path, fp: str, n_tasks: int, log, s: RunSettings, device) -> None:
     """Keep the finished tasks of this very run (taking them back from the resume store where
     `dvc exp run` checked other outputs over them); start over when settings, data or code changed."""
     run_file = out / "run.json"
-    saved_fp = artifacts.read_json(run_file, f"delete {out} to train again from the first task, or restore it "
-                                   "with `dvc checkout --force artifacts/train`").get("fingerprint") if run_file.is_file() else None
+    saved = artifacts.read_json(run_file, f"delete {out} to train again from the first task, or restore it "
+                                "with `dvc checkout --force artifacts/train`") if run_file.is_file() else {}
+    saved_fp = saved.get("fingerprint")
     have = _finished_tasks(out, n_tasks) if saved_fp == fp else 0
     back = resume.restore(out, fp, have, lambda p: _finished_tasks(p, n_tasks))
     if back:
         log(f"{out}: took back the {back} finished task(s) of this run from {resume.STORE} (dvc exp run "
             "checks out other outputs over them)")
     elif saved_fp is not None and saved_fp != fp:
-        log(f"{out}: settings, data or code changed since the saved tasks; starting over")
+        log(f"{out}: {_what_changed(saved, s, device)} since the saved tasks; starting over")
         shutil.rmtree(out)
     elif saved_fp is None and out.is_dir() and any(out.iterdir()):
         log(f"{out}: no run.json says which run its files belong to; starting over")
@@ -349,7 +379,7 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     # Built before anything saved is touched: a network that does not fit leaves the saved run as it was.
     method = _build_or_refuse(s, manifest, device, gen, init_gen)
-    _keep_or_start_over(out, fp, n_tasks, log)
+    _keep_or_start_over(out, fp, n_tasks, log, s, device)
     start = _finished_tasks(out, n_tasks)
     logged = int(tracker.joined.get(LOGGED, 0)) if tracker is not None else 0
     if logged and (tracker.joined.get("pbr.fingerprint") != fp or logged > start):
