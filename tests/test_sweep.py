@@ -117,6 +117,29 @@ def test_a_string_value_reaches_params_yaml_exactly_through_dvc(tmp_path, root):
     assert pasted.split("\0")[6:-1:2] == run.set_params()
 
 
+def test_a_methods_key_params_yaml_lacks_is_swept_as_dvc_exp_run_takes_it(tmp_path):
+    """A method runs before its section is in params.yaml (the checklist's step 4); `-S` of one of its
+    keys, spelled bare or with Hydra's `++` as `dvc exp run` needs it, planned fine but DVC's writer
+    refused it (struct mode: "Invalid --set-param value") or the plan did ("unknown key '++method'").
+    The sweep writes `++` for the keys params.yaml lacks only, and both spellings are one run."""
+    from dvc.utils.hydra import apply_overrides
+
+    from stages.runtime.config import load_config
+
+    params = tmp_path / "params.yaml"
+    params.write_text(re.sub(r"\n  gem:\n(    .*\n)+", "\n", PARAMS.read_text()))
+    assert "gem:" not in params.read_text()
+    only = {"method.name": ["gem"], "data.imbalance_ratio": [0.01]}
+    runs = [sweep.plan("families", 1, {key: 0.3}, only, params)[0] for key in ("method.gem.margin", "++method.gem.margin")]
+    assert runs[0] == runs[1]
+    assert runs[0].set_params()[:2] == ["data.dataset=cifar10", "data.n_tasks=5"]  # params.yaml's own keys: bare
+    assert "method.name=gem" in runs[0].set_params() and "++method.gem.margin=0.3" in runs[0].set_params()
+    assert " -S ++method.gem.margin=0.3" in runs[0].command()
+    apply_overrides(str(params), runs[0].set_params())
+    cfg = load_config(params)
+    assert (cfg.method.name, cfg.method.gem.margin, cfg.method.gem.gem_memory) == ("gem", 0.3, "per_task")
+
+
 @pytest.mark.parametrize("args,msg", [
     (("table4", 1, {}, {}), "sweep 'table4' is not a grid; use one of table1 | table2 | table3 | table5 | fidelity | families"),
     (("table3", 0, {}, {}), "--seeds 0"),

@@ -220,9 +220,12 @@ class Run:
     overrides: dict[str, Any]  # dotted key -> value, as `-S key=value`
     cost: float = 0.0          # expected cost, relative (expected_cost): what --shard balances
     row: str | None = None     # a fidelity cell's row name
+    # Keys params.yaml lacks (a method's section not shipped yet): DVC's writer refuses a key it does not
+    # find unless Hydra's `++` adds it; the config has validated them against the method's declaration.
+    added: frozenset[str] = frozenset()
 
     def set_params(self) -> list[str]:
-        return [f"{k}={_override(v)}" for k, v in self.overrides.items()]
+        return [f"{'++' * (k in self.added)}{k}={_override(v)}" for k, v in self.overrides.items()]
 
     def command(self) -> str:
         """The line to paste into a shell: each value quoted only where the shell needs it."""
@@ -344,6 +347,9 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
     each run's params are validated."""
     from stages.runtime.config import ConfigError, from_dict
 
+    # Hydra's spellings of a key to add (`-S ++method.mine.gamma=0.5`, as `dvc exp run` takes a key
+    # params.yaml lacks): the same key here; the sweep writes `++` itself where DVC needs it.
+    extra = {re.sub(r"^\+\+?", "", k): v for k, v in extra.items()}
     if grid not in GRIDS:
         raise UserError(f"sweep {grid!r} is not a grid; use one of {' | '.join(GRIDS)}")
     if budget not in BUDGETS:
@@ -383,7 +389,8 @@ def plan(grid: str, seeds: int | list[int], extra: dict[str, Any], only: dict[st
                 raise UserError(f"sweep {grid}: {e}") from None
             name = _name(grid, cell, seed, extra)
             runs.append(Run(name if budget == "full" else f"{name}-{budget}", overrides,
-                            expected_cost(from_dict(_merged(base, overrides))), cell.get("_row")))
+                            expected_cost(from_dict(_merged(base, overrides))), cell.get("_row"),
+                            frozenset(k for k in overrides if not _has(base, k))))
     if not runs:
         wanted = " ".join(f"{k}={','.join(map(str, v))}" for k, v in filters.items())
         raise UserError(f"--only {wanted}: no run of {grid} matches; see `pbr sweep {grid} --dry-run`")
@@ -575,6 +582,16 @@ def _lookup(base: dict, overrides: dict[str, Any], key: str, params_file: Path |
             raise UserError(f"--only {key}: no such parameter in params.yaml")
         d = d[part]
     return d
+
+
+def _has(base: dict, key: str) -> bool:
+    """Whether params.yaml spells out the dotted `key`."""
+    d: Any = base
+    for part in key.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return False
+        d = d[part]
+    return True
 
 
 def _merged(base: dict, overrides: dict[str, Any]) -> dict:
