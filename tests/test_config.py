@@ -204,6 +204,27 @@ def test_auto_values_come_from_the_published_table_of_the_runs_dataset_and_buffe
     assert s["lr"] == 0.05 and sources["lr"] == "params"
 
 
+def test_a_method_key_left_out_of_params_yaml_is_recorded_as_its_declared_default():
+    """run.json's `sources` (and the MLflow tags source.*): a key params.yaml leaves out (a method's
+    section not shipped yet) took the method's declared default, no value of params'; one written,
+    even at that value, is params'. The shared method.reservoir alike."""
+    from stages.pipeline.train import settings
+
+    def sources(method):
+        return settings(from_dict({"method": method, "train": {"device": "cpu", "precision": "fp32"}})).sources
+
+    declared = "the method's declared default"
+    left_out = sources({"name": "lwf"})
+    assert (left_out["tau2"], left_out["warmup_epochs"]) == (declared, declared)
+    assert "best_args" in left_out["alpha"]  # auto: the published best, as before
+    written = sources({"name": "lwf", "lwf": {"tau2": 2.0}})
+    assert (written["tau2"], written["warmup_epochs"]) == ("params", declared)
+    assert (sources({"name": "er"})["reservoir"], sources({"name": "er", "reservoir": "every_epoch"})["reservoir"]) == \
+        (declared, "params")
+    run = settings(from_dict({"method": {"name": "gem"}, "train": {"device": "cpu"}}))
+    assert run.tags()["source.gem_memory"] == declared and run.values["gem_memory"] == "per_task"
+
+
 def test_a_new_method_declares_its_settings_in_its_own_file(monkeypatch):
     """The method section is built from the registry: a registered method's setting is a
     validated params.yaml key under the method's name, without an edit to the config, even when

@@ -81,6 +81,9 @@ class Best:
     source: str
 
 
+DECLARED = "the method's declared default"  # a source: a setting's `default` (no params value, no best)
+
+
 def non_negative(v) -> bool:
     return v >= 0
 
@@ -191,7 +194,7 @@ class ContinualMethod:
             return ContinualMethod.defaults[key], ContinualMethod.defaults_source
         for s in cls.settings:
             if s.key == key:
-                return s.default, "the method's declared default"
+                return s.default, DECLARED
         raise KeyError(f"{cls.name} has no value for {key!r}")
 
     @classmethod
@@ -265,6 +268,8 @@ class ContinualMethod:
         sources: dict[str, str] = {}
         for key, default in (("lr", "auto"), ("lr_milestones", "auto"), *((s.key, s.default) for s in cls.settings)):
             values[key], sources[key] = cls.resolve(key, given.get(key, default), dataset, buffer_size)
+            if key not in given and sources[key] == "params":  # left out: no value of params'
+                sources[key] = DECLARED
         # One spelling (a saved run's JSON gives a list): lanes and reruns compare it as a value.
         if isinstance(values["lr_milestones"], (list, tuple)):
             values["lr_milestones"] = tuple(float(f) for f in values["lr_milestones"])

@@ -128,6 +128,16 @@ def method_values(method) -> dict[str, Any]:
     return {s.key: getattr(method if s.shared else section, s.key) for s in cls.settings}
 
 
+def written_values(method) -> dict[str, Any]:
+    """method_values, of the keys params.yaml writes only (a section left out: none of them)."""
+    from pbr.methods import METHODS
+
+    cls = METHODS[method.name]
+    section = getattr(method, cls.name, None)
+    given = {s.key for s in cls.settings if s.key in getattr(method if s.shared else section, "_written", ())}
+    return {k: v for k, v in method_values(method).items() if k in given}
+
+
 def _moved(key: str) -> str | None:
     """Where a method key of the old flat spelling (method.tau1) lives now, or None."""
     from pbr.methods import METHODS
@@ -316,7 +326,11 @@ def _build(cls, raw: Any, prefix: str, source: str):
             kwargs[key] = _build(tp, value, f"{prefix}{key}.", source)
         else:
             kwargs[key] = _coerce(prefix + key, tp, fields[key].metadata, value, source)
-    return cls(**kwargs)
+    built = cls(**kwargs)
+    # The keys written (not fields: equality and to_dict stay the values'): a key left out took its
+    # declared default, which run.json's `sources` says (written_values).
+    object.__setattr__(built, "_written", frozenset(kwargs))
+    return built
 
 
 def _cross_checks(cfg: Config, source: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pbr.errors import UserError
 from stages.runtime import hardware
-from stages.runtime.config import Config, method_values
+from stages.runtime.config import Config, written_values
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,9 @@ class RunSettings:
 
         method = METHODS[cfg.method.name]
         m, t, mo, dataset = cfg.method, cfg.train, cfg.model, cfg.data.dataset
+        # The keys params.yaml writes: one left out resolves as the method's declared default, and says so.
         opts, sources = method.options(dataset, m.buffer_size, lr=t.lr, lr_milestones=t.lr_milestones,
-                                       **method_values(m))
+                                       **written_values(m))
         head, sources["head"] = method.resolve("head", mo.head, dataset, m.buffer_size)
         dropout, sources["dropout"] = method.resolve("dropout", mo.dropout, dataset, m.buffer_size)
         problem = method.refuse({"head": head, "dropout": dropout, **vars(opts)})
