@@ -350,3 +350,33 @@ def test_a_milestone_rounding_to_epoch_0_drops_after_the_first_epoch():
 
     assert [milestone_drops((0.1,), e, 4) for e in range(4)] == [0, 1, 1, 1]
     assert [milestone_drops((0.1, 0.5), e, 4) for e in range(4)] == [0, 1, 2, 2]
+
+
+def test_a_methods_role_is_one_the_grids_know_and_extra_runs_in_families_only(monkeypatch):
+    """The default role "baseline" puts a new method in the paper's Table 2 grid; "extra" keeps it
+    out of every paper grid but `families`. Any other word (a typo) left it out of all of them
+    silently: it is refused where the class is written, naming the method and the roles."""
+    from conftest import ROOT
+    from pbr.methods.er import ER
+    from stages.experiments import sweep
+    from stages.runtime.yaml12 import read_params
+
+    with pytest.raises(TypeError, match=r"^method 'mine' \(Mine\): role 'baselines' is not one of bound \| baseline "
+                                        r"\| ltcl \| ours \| extra \(extra: a method the paper does not run"):
+        class Mine(ER):
+            name, label, role = "mine", "Mine", "baselines"
+
+    base = read_params(ROOT / "params.yaml")
+
+    def grids_of(cls):
+        monkeypatch.setitem(METHODS, "mine", cls)
+        return [g for g, cells in sweep.GRIDS.items() if any(c["method.name"] == "mine" for c in cells(base))]
+
+    class Extra(ER):
+        name, label, role = "mine", "Mine", "extra"
+
+    class Baseline(ER):
+        name, label = "mine", "Mine"
+
+    assert grids_of(Extra) == ["families"]
+    assert grids_of(Baseline) == ["table2", "families"]

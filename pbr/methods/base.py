@@ -125,6 +125,17 @@ def milestone_drops(milestones: tuple[float, ...], epoch: int, epochs: int) -> i
     return sum(max(1, round(f * epochs)) <= epoch for f in milestones)
 
 
+# A method's `role`: the grids of `pbr sweep` it runs in (stages/experiments/sweep.py), besides those its
+# own `grids` name. Every role runs in `families`.
+ROLES = {
+    "bound": "the paper's bounds (SGD, JOINT): table2, at IR 0.01 and on the balanced stream",
+    "baseline": "the paper's Table 2 (table2: at buffers 200 and 500 where it keeps one)",
+    "ltcl": "the paper's Table 1 (table1: the long-tailed continual learning methods, PODNet+)",
+    "ours": "the proposed method (PBR): table1, table2, table3, table5 and fidelity, with its ablations",
+    "extra": "a method the paper does not run: families only (its sweeps: --only method.name=...)",
+}
+
+
 class Options(SimpleNamespace):
     """A method's resolved settings (lr, buffer_size, and each key the method declares)."""
 
@@ -135,8 +146,7 @@ class ContinualMethod:
     # The replay memory's policy (pbr/memory/): what the buffer keeps; None: no replay memory.
     memory: ClassVar[type[Memory] | None] = None
     uses_buffer: ClassVar[bool] = False  # memory is not None (set for each subclass)
-    # Its place in the paper's tables: a "bound" (SGD, JOINT: also on the balanced stream), a
-    # "baseline", or "ours" (PBR).
+    # Its place in the grids `pbr sweep` runs (ROLES): "baseline" puts it in the paper's Table 2.
     role: ClassVar[str] = "baseline"
     # The paper's named ablations of the method: its own keys over its settings (PBR's "Ours -
     # Random" in two readings); `pbr sweep` runs each beside the method where the paper does.
@@ -162,6 +172,9 @@ class ContinualMethod:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.uses_buffer = cls.memory is not None
+        if cls.role not in ROLES:  # a typo would leave it out of every paper grid, silently
+            raise TypeError(f"method {cls.name!r} ({cls.__name__}): role {cls.role!r} is not one of "
+                            f"{' | '.join(ROLES)} (extra: a method the paper does not run, families only)")
 
     def __init__(self, net: Net, ctx: Context, opts: Options) -> None:
         self.net, self.ctx, self.opts = net, ctx, opts
