@@ -380,3 +380,17 @@ def test_a_methods_role_is_one_the_grids_know_and_extra_runs_in_families_only(mo
 
     assert grids_of(Extra) == ["families"]
     assert grids_of(Baseline) == ["table2", "families"]
+
+
+def test_a_subclass_that_kept_its_parents_name_is_refused_not_swapped_in():
+    """class Mine(ER) without a name of its own is named "er": in the registry it replaced ER, so
+    every `method.name: er` run trained Mine, silently."""
+    from pbr.methods import registry
+    from pbr.methods.er import ER
+
+    class Mine(ER):
+        label = "Mine"
+
+    with pytest.raises(TypeError, match=r"^methods ER and Mine are both named 'er': give Mine a name of its own"):
+        registry((ER, Mine))
+    assert registry((ER,)) == {"er": ER}

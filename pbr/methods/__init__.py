@@ -22,9 +22,20 @@ from pbr.methods.si import SI
 
 # In the paper's table order (report rows follow it). Config validation, "auto" values, sweep grids
 # and report labels all read this registry.
-METHODS: dict[str, type[ContinualMethod]] = {m.name: m for m in (
-    Joint, SGD, OnlineEWC, SI, LwF, PNN, ER, GEM, AGEM, AGEMR, ICaRL, FDR, GSS, HAL, DER, DERpp, PRS, CBRS, PODNetPlus, PBR)}
+def registry(classes) -> dict[str, type[ContinualMethod]]:
+    """The methods by name. A subclass that kept its parent's `name` (class Mine(ER) without its own)
+    would replace the parent here, silently: refused, naming both."""
+    out: dict[str, type[ContinualMethod]] = {}
+    for m in classes:
+        if m.name in out:
+            raise TypeError(f"methods {out[m.name].__name__} and {m.__name__} are both named {m.name!r}: give "
+                            f"{m.__name__} a name of its own (name = \"...\", docs/architecture.md, adding a method)")
+        out[m.name] = m
+    return out
 
+
+METHODS = registry((
+    Joint, SGD, OnlineEWC, SI, LwF, PNN, ER, GEM, AGEM, AGEMR, ICaRL, FDR, GSS, HAL, DER, DERpp, PRS, CBRS, PODNetPlus, PBR))
 
 
 def create(name: str, net, ctx: Context, dataset: str = "cifar10", buffer_size: int = 200, **settings) -> ContinualMethod:
