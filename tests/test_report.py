@@ -924,3 +924,24 @@ def test_the_forgetting_table_says_its_definition_and_which_way_is_better():
     assert "Class-IL +10.00, 95% CI [+10.00, +10.00] (higher on 3 of n=3)" in text
     acc = report.render_markdown(groups, "acc")
     assert "Chaudhry" not in acc and "forgetting more" not in acc
+
+
+def test_runs_logging_their_resolved_settings_as_params_group_as_before(tmp_path):
+    """The train stage logs each resolved value as a param `resolved.*` too (MLflow's charts read
+    params): those are not settings of their own. Two seeds of one cell, and a seed run again before
+    and after the params existed, stay one row with no note of differing settings (resolved.seed
+    differed between seeds, and split the new runs from the old)."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("pbr", artifact_location=(tmp_path / "a").as_uri())
+    for t, seed, acc, new in ((1, "0", 30, False), (2, "0", 32, True), (3, "1", 36, True)):
+        extra = {"resolved.seed": seed, "resolved.lr": "0.03", "resolved.head": "cosine"} if new else {}
+        _add_run(client, exp, {"method.name": "pbr", "seed": seed, **extra}, {"class_il.acc": acc}, "FINISHED", True, t,
+                 tags={"resolved.seed": seed, "resolved.lr": "0.03", "resolved.head": "cosine"})
+    groups, _ = report.group_runs(report.collect_runs(uri))
+    [g] = groups
+    # Seed 0's newer run replaces its older one: (32 + 36) / 2, over two seeds.
+    assert g.stats("class_il", "acc") == (34.0, pytest.approx(2 * math.sqrt(2)), 2)
+    assert not any("differ" in n for n in g.notes), g.notes

@@ -439,7 +439,11 @@ def collect_runs(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT, flag: 
         from stages.runtime.tracking import store_error, store_fix
 
         raise UserError(store_error(tracking_uri, e, store_fix(flag))) from None
-    return [RunRecord(r.info.run_id, pin_auto(respell({**ADDED_LATER, **r.data.params}), dict(r.data.tags)), dict(r.data.metrics),
+    # The `resolved.*` params (for MLflow's charts) repeat the tags pin_auto reads; as settings they
+    # would split every cell by seed (resolved.seed) and set new runs apart from old ones.
+    return [RunRecord(r.info.run_id, pin_auto(respell({**ADDED_LATER, **{k: v for k, v in r.data.params.items()
+                                                                        if not k.startswith("resolved.")}}),
+                                              dict(r.data.tags)), dict(r.data.metrics),
                       r.info.start_time or 0, dict(r.data.tags))
             for r in found
             if r.info.status == "FINISHED" and r.data.tags.get(COMPLETE_TAG) == "true"]
