@@ -26,7 +26,7 @@ def _register(init: str) -> str:
     """The registry line of step 3: the import, and the class at the end of METHODS."""
     imports = init.index("\n\n# In the paper's table order")
     init = init[:imports] + "\nfrom pbr.methods.mine import Mine" + init[imports:]
-    registry = re.search(r"METHODS: dict\[.*?\] = \{m\.name: m for m in \((.*?)\)\}", init, re.S)
+    registry = re.search(r"METHODS = registry\(\((.*?)\)\)", init, re.S)
     return init[:registry.end(1)] + ", Mine" + init[registry.end(1):]
 
 
