@@ -375,3 +375,19 @@ def test_a_colon_without_its_space_is_hinted_at(tmp_path, text, said):
     with pytest.raises(ConfigError) as e:
         load_config(tmp_path / "params.yaml")
     assert str(e.value).startswith(f"{tmp_path / 'params.yaml'}: {said}"), str(e.value)
+
+
+def test_a_config_replaced_by_hand_resolves_its_own_values():
+    """Only a Config read from a file knows which keys it wrote: one built or replaced in code (a
+    library user's, a script's) resolved its method's declared defaults instead of its values."""
+    import dataclasses
+
+    from stages.runtime.config import load_config
+    from stages.runtime.run_settings import RunSettings
+    import types
+
+    cfg = load_config(ROOT / "params.yaml")
+    pbr_section = dataclasses.replace(cfg.method.pbr, tau1=0.25)
+    cfg2 = dataclasses.replace(cfg, method=dataclasses.replace(cfg.method, pbr=pbr_section))
+    s = RunSettings.resolve(cfg2, types.SimpleNamespace(type="cpu"))
+    assert s["tau1"] == 0.25 and s.sources["tau1"] == "params"

@@ -128,14 +128,15 @@ def method_values(method) -> dict[str, Any]:
     return {s.key: getattr(method if s.shared else section, s.key) for s in cls.settings}
 
 
-def written_values(method) -> dict[str, Any]:
-    """method_values, of the keys params.yaml writes only (a section left out: none of them)."""
+def unwritten_keys(method) -> set[str]:
+    """The running method's keys params.yaml left out (a section not shipped yet): they took their
+    declared defaults. None known for a Config not read from a file (built by hand, or replaced)."""
     from pbr.methods import METHODS
 
     cls = METHODS[method.name]
     section = getattr(method, cls.name, None)
-    given = {s.key for s in cls.settings if s.key in getattr(method if s.shared else section, "_written", ())}
-    return {k: v for k, v in method_values(method).items() if k in given}
+    return {s.key for s in cls.settings
+            if s.key not in getattr(method if s.shared else section, "_written", {s.key})}
 
 
 def _moved(key: str) -> str | None:
@@ -328,9 +329,19 @@ def _build(cls, raw: Any, prefix: str, source: str):
             kwargs[key] = _coerce(prefix + key, tp, fields[key].metadata, value, source)
     built = cls(**kwargs)
     # The keys written (not fields: equality and to_dict stay the values'): a key left out took its
-    # declared default, which run.json's `sources` says (written_values).
+    # declared default, which run.json's `sources` says (unwritten_keys). A section left out wrote none.
     object.__setattr__(built, "_written", frozenset(kwargs))
+    for f in dataclasses.fields(cls):
+        if f.name not in kwargs:
+            _none_written(getattr(built, f.name, None))
     return built
+
+
+def _none_written(section) -> None:
+    if dataclasses.is_dataclass(section):
+        object.__setattr__(section, "_written", frozenset())
+        for f in dataclasses.fields(section):
+            _none_written(getattr(section, f.name))
 
 
 def _cross_checks(cfg: Config, source: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pbr.errors import UserError
 from stages.runtime import hardware
-from stages.runtime.config import Config, written_values
+from stages.runtime.config import Config, method_values, unwritten_keys
 
 
 @dataclass(frozen=True)
@@ -26,12 +26,15 @@ class RunSettings:
         """The run's settings: the method's "auto"s from its published best or default for the run's
         dataset and buffer (a preset included), precision and memory layout from `device`."""
         from pbr.methods import METHODS
+        from pbr.methods.base import DECLARED
 
         method = METHODS[cfg.method.name]
         m, t, mo, dataset = cfg.method, cfg.train, cfg.model, cfg.data.dataset
-        # The keys params.yaml writes: one left out resolves as the method's declared default, and says so.
         opts, sources = method.options(dataset, m.buffer_size, lr=t.lr, lr_milestones=t.lr_milestones,
-                                       **written_values(m))
+                                       **method_values(m))
+        for key in unwritten_keys(m):  # left out of params.yaml: the declared default, said so
+            if sources.get(key) == "params":
+                sources[key] = DECLARED
         head, sources["head"] = method.resolve("head", mo.head, dataset, m.buffer_size)
         dropout, sources["dropout"] = method.resolve("dropout", mo.dropout, dataset, m.buffer_size)
         problem = method.refuse({"head": head, "dropout": dropout, **vars(opts)})
