@@ -769,6 +769,46 @@ def test_a_killed_trainings_run_is_joined_only_by_the_same_training(tmp_path, tr
         assert [(r.info.status, steps(r)) for r in runs] == [("FINISHED", [0, 1, 2, 3, 4]), ("KILLED", [0, 1])]
 
 
+def test_a_try_killed_before_its_first_task_and_resolved_otherwise_is_not_joined(tmp_path, trained, records_to_files,
+                                                                                monkeypatch):
+    """Killed in its first task (no task logged, its resolved settings logged as params), then run
+    again resolving another lr (an uncommitted edit of a method's best): the new try went on in
+    that run, and MLflow keeps a param's first value, so the run held one try's resolved.lr param
+    and the other's tag. It goes on in a run of its own; the killed one stays as it was."""
+    from stages.pipeline import train
+    from stages.runtime import faults, tracking
+    from stages.runtime.config import load_config
+    from stages.runtime.run_settings import RunSettings
+
+    repo = _copy_trained(trained, tmp_path / "repo")
+    shutil.rmtree(repo / "artifacts/train")
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("PBR_GIT_COMMIT", "c" * 40)
+    cfg = load_config(repo / "params.yaml")
+
+    def stop_in_task0(point):
+        if point.startswith("train:task0:"):
+            raise KeyboardInterrupt
+
+    def train_once():
+        with tracking.stage_run("train", cfg.flat(), repo / "params.yaml") as run:
+            train.run(cfg, log=lambda *_: None, tracker=run)
+
+    monkeypatch.setattr(faults, "point", stop_in_task0)
+    with pytest.raises(KeyboardInterrupt):
+        train_once()
+    monkeypatch.setattr(faults, "point", lambda point: None)
+    first = RunSettings.resolve.__func__
+    monkeypatch.setattr(RunSettings, "resolve", classmethod(
+        lambda cls, c, d: (lambda s: cls({**s.values, "lr": s.values["lr"] * 2}, s.sources))(first(cls, c, d))))
+    train_once()
+    runs = {r.info.status: r for r in records_to_files.search_runs(["pbr"])}
+    assert sorted(runs) == ["FINISHED", "KILLED"]
+    for r in runs.values():
+        assert r.data.params["resolved.lr"] == r.data.tags["resolved.lr"]
+    assert float(runs["FINISHED"].data.params["resolved.lr"]) == 2 * float(runs["KILLED"].data.params["resolved.lr"])
+
+
 @pytest.mark.parametrize("stage", ["score", "evaluate"])
 def test_score_or_evaluate_before_training_is_refused_before_its_mlflow_run(tmp_path, prepared, pbr, stage):
     """Prepared data and no training: one line, and no FAILED run in the store (the missing model was

@@ -382,7 +382,12 @@ def run(cfg: Config, log=print, tracker=None) -> dict:
     _keep_or_start_over(out, fp, n_tasks, log, s, device)
     start = _finished_tasks(out, n_tasks)
     logged = int(tracker.joined.get(LOGGED, 0)) if tracker is not None else 0
-    if logged and (tracker.joined.get("pbr.fingerprint") != fp or logged > start):
+    # A try killed before its first task logged none, but its resolved settings are params already,
+    # which MLflow never changes: resolved otherwise now (an uncommitted edit of a method's best, a
+    # GPU come or gone under auto), the run would hold one try's params and the other's tags.
+    held = {k: v for k, v in (tracker.joined if tracker is not None else {}).items() if k.startswith("resolved.")}
+    resolved_otherwise = any(held.get(k, str(v)) != str(v) for k, v in s.tags().items() if k.startswith("resolved."))
+    if (logged and (tracker.joined.get("pbr.fingerprint") != fp or logged > start)) or resolved_otherwise:
         # The killed try this stage joined logged another training (the code or data changed since,
         # with the commit and params the same) or tasks now trained again: its records stay its own.
         tracker.start_over()
