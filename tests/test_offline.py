@@ -81,6 +81,10 @@ def test_an_offline_sweep_runs_records_resumes_and_imports(tmp_path, pbr_main):
         # A CPU run shares no GPU, whatever --gpu-share (auto here) would do on one.
         assert run.data.tags["pbr.gpu_sharing"] == "none"
         assert json.loads((d / "artifacts/train/run.json").read_text())["gpu_sharing"] == "none"
+        # The data, prepared once for both runs, is recorded in each: its tables too (the second run's
+        # folder links data/prepared only, and its evaluate skipped the missing tables silently).
+        tables = {a.path for a in client.list_artifacts(run.info.run_id, "prepare")}
+        assert tables == {"prepare/class_counts.csv", "prepare/task_counts.csv"}, (run.info.run_name, tables)
     report = pbr_main("report", "--no-log", "--csv", str(tmp_path / "r.csv"), cwd=tmp_path, env=uri)
     assert report.returncode == 0, report.stderr[-2000:]
     rows = [line.split("|")[2].strip() for line in report.stdout.splitlines() if line.startswith("| ")]

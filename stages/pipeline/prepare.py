@@ -33,8 +33,20 @@ def record(manifest: dict, tracker) -> None:
     tracker.log_once("pbr.prepare.logged",
                      [(t, {"data.task_train_count": n}) for t, n in enumerate(manifest["task_train_counts"])])
     faults.point("prepare:logged")
-    for f in ("class_counts.csv", "task_counts.csv"):
-        tracker.log_artifact(paths.PREPARE_PLOTS / f, "prepare")
+    tables = dict(zip(("class_counts.csv", "task_counts.csv"), count_tables(manifest)))
+    if all((paths.PREPARE_PLOTS / f).is_file() for f in tables):
+        for f in tables:
+            tracker.log_artifact(paths.PREPARE_PLOTS / f, "prepare")
+        return
+    # Not beside the data (an offline sweep's run links data/prepared only): the same tables from the
+    # manifest, written apart, for the workspace's reports/prepare is the prepare stage's DVC output.
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for f, rows in tables.items():
+            artifacts.write_csv(Path(tmp) / f, rows)
+            tracker.log_artifact(Path(tmp) / f, "prepare")
 
 
 def check(cfg: Config) -> None:
