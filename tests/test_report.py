@@ -945,3 +945,58 @@ def test_runs_logging_their_resolved_settings_as_params_group_as_before(tmp_path
     # Seed 0's newer run replaces its older one: (32 + 36) / 2, over two seeds.
     assert g.stats("class_il", "acc") == (34.0, pytest.approx(2 * math.sqrt(2)), 2)
     assert not any("differ" in n for n in g.notes), g.notes
+
+
+def test_a_tied_seed_is_not_one_pbr_is_higher_on():
+    """docs/report.md: k is how many seeds PBR scored higher. Differences +2 and 0: mean 1, sd sqrt 2,
+    se 1, t_{0.975,1} = 12.706: [-11.71, +13.71]; higher on 1 of 2 (the tie is not a win)."""
+    p = report._paired({"0": 52.0, "1": 50.0}, {"0": 50.0, "1": 50.0})
+    assert (p.wins, p.n, p.mean) == (1, 2, 1.0)
+    assert p.text() == "+1.00, 95% CI [-11.71, +13.71] (higher on 1 of n=2)"
+
+
+def test_runs_of_another_number_of_tasks_are_a_column_of_their_own():
+    """5-task and 10-task runs of one cell measure different things (docs/report.md names the CSV row
+    by its n_tasks): never averaged; 30 and 34 over the 5-task seeds, 10 alone over 10 tasks."""
+    p = {**BASE, "method.name": "er"}
+    runs = [RunRecord("a", {**p, "seed": "0"}, {"class_il.acc": 30.0}),
+            RunRecord("b", {**p, "seed": "1"}, {"class_il.acc": 34.0}),
+            RunRecord("c", {**p, "seed": "0", "data.n_tasks": "10"}, {"class_il.acc": 10.0})]
+    groups, _ = report.group_runs(runs)
+    by = {g.n_tasks: g.stats("class_il", "acc") for g in groups}
+    assert by == {5: (32.0, pytest.approx(2 * math.sqrt(2)), 2), 10: (10.0, 0.0, 1)}
+    assert "Seq-CIFAR-10-LT (10 tasks) Class-IL" in report.render_markdown(groups)
+
+
+def test_each_modes_n_counts_its_seeds_not_the_rows_runs():
+    """docs/report.md: class_il_n / task_il_n are each mode's own number of seeds. Seed 1 has two runs
+    of differing settings (counted once), seed 2 logged no Task-IL: 4 runs, 3 seeds, Class-IL over 3,
+    Task-IL over 2."""
+    p = {**BASE, "method.name": "er"}
+    runs = [RunRecord("0", {**p, "seed": "0"}, {"class_il.acc": 30.0, "task_il.acc": 70.0}),
+            RunRecord("1", {**p, "seed": "1"}, {"class_il.acc": 34.0, "task_il.acc": 72.0}),
+            RunRecord("1b", {**p, "seed": "1", "train.batch_size": "16"}, {"class_il.acc": 38.0, "task_il.acc": 74.0}),
+            RunRecord("2", {**p, "seed": "2"}, {"class_il.acc": 20.0})]
+    (row,) = report.csv_rows(report.group_runs(runs)[0])
+    assert (row["n_runs"], row["n_seeds"], row["class_il_n"], row["task_il_n"]) == ("4", "3", "3", "2")
+    assert (row["class_il_mean"], row["task_il_mean"]) == ("28.6667", "71.5000")  # (30+36+20)/3, (70+73)/2
+
+
+def test_fewer_epochs_at_the_full_width_is_not_the_full_protocol():
+    """The full protocol is params.yaml's width and epochs both: 5 epochs at width 64 is a budget of
+    its own, with no paper number beside it."""
+    p = {**BASE, "method.name": "pbr", "seed": "0"}
+    (g,) = report.group_runs([RunRecord("short", {**p, "train.epochs": "5"}, {"class_il.acc": 20.0})])[0]
+    assert g.budget == "width 64, epochs 5"
+    assert "[paper" not in report.render_markdown([g])
+
+
+def test_a_method_without_a_buffer_repeats_a_seed_whatever_its_buffer_size():
+    """SGD does not read method.buffer_size: its runs of one seed at buffers 200 and 500 are one run
+    repeated (the newest, 21, counts), not two settings averaged (20.5) with a note."""
+    p = {**BASE, "method.name": "sgd", "seed": "0"}
+    runs = [RunRecord("old", {**p, "method.buffer_size": "200"}, {"class_il.acc": 20.0}, 1),
+            RunRecord("new", {**p, "method.buffer_size": "500"}, {"class_il.acc": 21.0}, 2)]
+    (g,) = report.group_runs(runs)[0]
+    assert [r.run_id for r in g.runs] == ["new"] and g.stats("class_il", "acc") == (21.0, 0.0, 1)
+    assert not any("differ" in n for n in g.notes)
