@@ -352,3 +352,70 @@ def test_a_sweep_warns_of_cells_on_seeds_kept_for_a_confirmation_and_the_report_
     assert "- note: PBR [cuda, fp32], buffer 200, Seq-CIFAR-10-LT (5 tasks)" + said.format(103) in flagged
     assert len(flagged) == 4  # and the full budget's 104; none for the plan's rows in its cell
     assert "seeds 3 averaged with a pre-registered confirmation's 100-109" in text  # 300 is no selection seed
+
+
+def test_the_verdict_reads_the_holm_adjusted_p_not_the_raw_one():
+    """docs/preregistration.md: a verdict whose Holm-adjusted p is above 0.05 is printed "(not after
+    Holm)", whatever its own p."""
+    diffs = [1.0, 1.2, 0.8, 1.1]
+    assert confirmation.Comparison("Cx", "A", "B", "", diffs, p=0.01, holm=0.2).verdict() == "above (not after Holm)"
+    assert confirmation.Comparison("Cx", "A", "B", "", diffs, p=0.01, holm=0.04).verdict() == "above"
+    assert confirmation.Comparison("Cx", "A", "B", "", [-d for d in diffs], p=0.01, holm=0.3).verdict() == \
+        "below (not after Holm)"
+
+
+def test_a_seed_the_reference_row_cannot_complete_makes_every_comparison_final_at_nine():
+    """PBR is A of every comparison of the first plan: its seed 104 named with --missing leaves each
+    comparison its nine seeds both rows have, and those are the verdicts, not progress figures."""
+    groups = report.group_runs(_ten(skip={("pbr", 104)}))[0]
+    text = confirmation.render(groups, lost=confirmation.parse_missing(["pbr=104"]))
+    assert "Seeds missing: `pbr` 104 (cannot be completed).\n" in text and "INCOMPLETE" not in text
+    rows = [line for line in text.splitlines() if re.match(r"\| C\d \|", line)]
+    assert len(rows) == 5 and all(" | 9 | " in r and "(progress)" not in r for r in rows), rows
+
+
+def test_a_run_recording_a_setting_the_plan_does_not_have_is_left_out():
+    """A key the plan does not know (a setting of other code) is not the plan's: the run is left out
+    and the note names the key; the row keeps its three seeds."""
+    extra = RunRecord("extra", {**BASE, **ROWS["pbr"][0], "seed": "103", "train.shiny": "1"},
+                      {"class_il.acc": 0.0}, 0, {"pbr.device": "cpu"})
+    text = confirmation.render(report.group_runs([*_runs(), extra])[0])
+    assert "| PBR | `pbr` | 3 | 52.00 ± 2.00 |" in text
+    assert "run extra (seed 103) left out, off the plan's settings: train.shiny 1 (the plan's <unset>)" in text
+
+
+def test_a_cpu_run_in_bf16_on_the_plans_seeds_is_left_out_with_a_note():
+    bf16 = RunRecord("bf", {**BASE, **ROWS["pbr"][0], "seed": "103", "train.precision": "bf16"},
+                     {"class_il.acc": 0.0}, 0, {"pbr.device": "cpu"})
+    text = confirmation.render(report.group_runs([*_runs(), bf16])[0])
+    assert "| PBR | `pbr` | 3 | 52.00 ± 2.00 |" in text
+    assert "PBR [cpu, bf16], buffer 200, Seq-CIFAR-10-LT (5 tasks): 1 run(s) on seed(s) 103 left out: " \
+           "precision bf16 (the plan's fp32)" in text
+
+
+def test_missing_seeds_as_a_range_include_both_ends():
+    assert confirmation.parse_missing(["pbr-random=103-105", "pbr=109"]) == {"pbr-random": {"103", "104", "105"},
+                                                                          "pbr": {"109"}}
+
+
+def test_counted_runs_are_never_said_to_be_left_out():
+    """Only runs the plan does not count get a "left out" note, each with its reason: the plan's rows'
+    seeds 100-102 are counted (n = 3 each) and named in no such note."""
+    text = confirmation.render(report.group_runs(_runs())[0])
+    notes = [line for line in text.splitlines() if line.startswith("- note:") and "left out" in line]
+    assert notes and not any(n.rstrip().endswith("left out:") for n in notes), notes
+    assert not any("100-102" in n for n in notes), notes
+
+
+def test_two_seeds_get_a_p_and_a_verdict():
+    """C7 on two seeds (differences -1 and 2: mean 0.5, sd 3/sqrt 2, se 1.5, t = 1/3): Student's t
+    with 1 degree of freedom is Cauchy, p = 1 - (2/pi) atan(1/3) = 0.7952; one comparison: Holm
+    leaves it. A pair of seeds is enough for the interval, so for the p too."""
+    pool = {**BASE, "method.name": "pbr", "method.pbr.walk_pool": "buffer_and_task"}
+    runs = [RunRecord(f"{k}-{s}", {**(pool if k == "pool" else {**BASE, "method.name": "pbr"}), "seed": str(s)},
+                      {"class_il.acc": v}, 0, {"pbr.device": "cpu"})
+            for s, a, b in ((200, 46.0, 47.0), (201, 45.0, 43.0)) for k, v in (("pool", a), ("pbr", b))]
+    [c7] = confirmation.compare(report.group_runs(runs)[0], confirmation.PLANS["walkpool"])
+    assert c7.diffs == [-1.0, 2.0]
+    assert c7.p == pytest.approx(1 - 2 / math.pi * math.atan(1 / 3), abs=1e-9) and c7.holm == c7.p
+    assert c7.verdict() == "not resolved"
