@@ -394,3 +394,180 @@ def test_a_tasks_records_and_their_count_go_in_one_call(tmp_path):
     assert run.data.tags[train.LOGGED] == "2"
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train.loss")] == [(3, 2.0), (4, 1.0)]
     assert run.data.metrics["class_il.seen_acc"] == 50.0 and run.data.metrics["class_il.task_acc_own"] == 70.0
+
+
+# ----------------------------------------------------------------- the resume decision, on folders made by hand
+
+def _task_files(out, k, buffer=True):
+    task = out / f"task_{k:02d}"
+    task.mkdir(parents=True, exist_ok=True)
+    for name in ("state.pt", "model.pt", "accuracy.json") + (("buffer.parquet",) if buffer else ()):
+        (task / name).write_text(f"task {k} {name}")
+
+
+def _saved_run(out, n, fp, buffer=True):
+    for k in range(n):
+        _task_files(out, k, buffer)
+    (out / "run.json").write_text(json.dumps({"fingerprint": fp}))
+
+
+@pytest.mark.parametrize("lost", ["state.pt", "model.pt", "accuracy.json", "buffer.parquet"])
+def test_a_task_missing_any_of_its_files_is_trained_again(tmp_path, lost):
+    """Finished tasks are counted from the first up to one missing a file (state.pt is written last):
+    task 1 without one of them leaves one finished task. A run without buffers keeps none and is
+    not short of them."""
+    from stages.pipeline import train
+
+    for k in range(3):
+        _task_files(tmp_path / "a", k)
+    (tmp_path / "a" / "task_01" / lost).unlink()
+    assert train._finished_tasks(tmp_path / "a", 5) == 1
+    for k in range(3):
+        _task_files(tmp_path / "b", k, buffer=False)
+    assert train._finished_tasks(tmp_path / "b", 5) == 3
+
+
+@pytest.fixture
+def decide(tmp_path, monkeypatch):
+    """_keep_or_start_over in a project of hand-made task folders: (log lines, tasks finished after)."""
+    from stages.pipeline import train
+
+    monkeypatch.chdir(tmp_path)  # the resume store lies under the project: .pbr/resume
+    monkeypatch.setattr(train, "_what_changed", lambda saved, s, device: "settings changed")
+    out = tmp_path / "artifacts/train"
+
+    def run(fp):
+        lines = []
+        train._keep_or_start_over(out, fp, 5, lines.append, None, None)
+        return lines, train._finished_tasks(out, 5)
+
+    return out, run
+
+
+def _store(out, tmp_path, n, fp):
+    """What a killed run of `fp` kept in its resume store: its first n tasks and run.json."""
+    from stages.runtime import resume
+
+    made = tmp_path / "made"
+    _saved_run(made, n, fp)
+    for name in [f"task_{k:02d}" for k in range(n)] + ["run.json"]:
+        resume.keep(made, name, fp)
+    shutil.rmtree(made)
+
+
+def test_the_same_run_keeps_its_tasks_and_another_starts_over(decide):
+    out, run = decide
+    _saved_run(out, 3, "a" * 64)
+    assert run("a" * 64) == ([], 3)
+    lines, finished = run("b" * 64)  # other settings, data or code: nothing of the old run is resumed
+    assert finished == 0 and not out.exists() and lines == [f"{out}: settings changed since the saved tasks; starting over"]
+
+
+def test_the_resume_store_gives_back_every_task_it_holds_beyond_the_outputs(decide, tmp_path):
+    out, run = decide
+    fp = "c" * 64
+    _store(out, tmp_path, 4, fp)
+    _saved_run(out, 2, fp)  # what `dvc exp run` checked out over the killed run's tasks
+    lines, finished = run(fp)
+    assert finished == 4 and lines == [f"{out}: took back the 4 finished task(s) of this run from .pbr/resume "
+                                       "(dvc exp run checks out other outputs over them)"]
+    assert (out / "task_03" / "model.pt").read_text() == "task 3 model.pt"
+
+
+def test_the_store_is_taken_back_over_another_runs_outputs(decide, tmp_path):
+    """The baseline's outputs (5 tasks of another run) checked out over the 3 a killed run of this
+    one finished: none of the baseline's count, the 3 come back."""
+    out, run = decide
+    fp = "d" * 64
+    _store(out, tmp_path, 3, fp)
+    _saved_run(out, 5, "e" * 64)
+    lines, finished = run(fp)
+    assert finished == 3 and json.loads((out / "run.json").read_text())["fingerprint"] == fp
+    assert lines and "took back the 3 finished task(s)" in lines[0]
+
+
+def test_a_store_holding_no_more_than_the_outputs_is_left_alone(decide, tmp_path):
+    out, run = decide
+    fp = "f" * 64
+    _store(out, tmp_path, 3, fp)
+    _saved_run(out, 3, fp)
+    assert run(fp) == ([], 3)
+
+
+def test_the_fingerprint_is_the_settings_data_and_device():
+    """A run resumes only where all of them are the saved run's (the class order, the shards' bytes,
+    the device kind: a run begun on a CPU is not finished on a GPU)."""
+    import types
+
+    import torch
+
+    from stages.pipeline import train
+
+    s = types.SimpleNamespace(values={"lr": 0.1, "seed": 0})
+    manifest = {"shards": [{"sha256": "1"}, {"sha256": "2"}], "class_order": [0, 1, 2]}
+    cpu = torch.device("cpu")
+    base = train.fingerprint(s, manifest, cpu)
+    assert base == train.fingerprint(types.SimpleNamespace(values={"seed": 0, "lr": 0.1}), dict(manifest), cpu)
+    others = [train.fingerprint(types.SimpleNamespace(values={"lr": 0.05, "seed": 0}), manifest, cpu),
+              train.fingerprint(s, {**manifest, "shards": [{"sha256": "1"}, {"sha256": "3"}]}, cpu),
+              train.fingerprint(s, {**manifest, "class_order": [2, 1, 0]}, cpu),
+              train.fingerprint(s, manifest, torch.device("cuda"))]
+    assert len({base, *others}) == 5
+
+
+def test_an_auto_thread_run_resumes_on_its_last_finished_tasks_count(tmp_path, monkeypatch):
+    """Its tasks trained on 2, 2 then 1 thread(s): after task 3 it goes on at 1, the count the
+    uninterrupted run would have had by then."""
+    import torch
+
+    from stages.pipeline import train
+    from stages.runtime import threads
+
+    set_to = []
+    monkeypatch.setattr(torch, "set_num_threads", set_to.append)
+    monkeypatch.setattr(threads, "given_by_environment", lambda: False)
+    (tmp_path / "run.json").write_text(json.dumps({"threads": "2,2,1,1,1", "threads_by_task": [2, 2, 1, 1, 1]}))
+    assert train._threads_of_the_run(tmp_path, 3, "auto", 4, lambda *_: None) == 1 and set_to == [1]
+    assert train._threads_of_the_run(tmp_path, 2, "auto", 2, lambda *_: None) == 2 and set_to == [1]
+    assert train._threads_of_the_run(tmp_path, 3, 3, 3, lambda *_: None) == 3  # a count given is kept
+
+
+class _Tracker:
+    def __init__(self, joined):
+        self.joined, self.series, self.restarted = joined, [], 0
+
+    def start_over(self):
+        self.restarted += 1
+        self.joined = {}
+
+    def log_series(self, points, tags):
+        self.series.append(tags)
+
+    def set_tags(self, *a):
+        pass
+
+    def log_new_params(self, *a):
+        pass
+
+    def log_artifact(self, *a):
+        pass
+
+
+def test_a_joined_run_that_logged_tasks_now_trained_again_is_left_as_it_was(workdir, prepared):
+    """A killed try logged 5 tasks; tasks 4 and 5 were deleted since and train again: their records
+    would be each task's twice in one run. The try's run is left as it was, and the new one gets
+    every task's once."""
+    from stages.pipeline import train
+
+    cfg = _cfg(prepared / "raw", method={"name": "sgd"})
+    _train(cfg)
+    out = workdir / "artifacts/train"
+    fp = json.loads((out / "run.json").read_text())["fingerprint"]
+    for k in (3, 4):
+        shutil.rmtree(out / f"task_{k:02d}")
+    from stages.runtime import resume
+
+    resume.forget(fp)
+    tracker = _Tracker({train.LOGGED: "5", "pbr.fingerprint": fp})
+    train.run(cfg, log=lambda *_: None, tracker=tracker)
+    assert tracker.restarted == 1 and [t[train.LOGGED] for t in tracker.series] == [1, 2, 3, 4, 5]
