@@ -549,3 +549,34 @@ def test_bad_seeds_are_one_line_errors(text, msg):
     with pytest.raises(UserError, match=f"^--seeds {text}: .*" + re.escape(msg)):
         sweep.parse_seeds(text)
     assert sweep.parse_seeds("0,4294967295") == [0, 4294967295] and len(sweep.parse_seeds("10000")) == 10000
+
+
+def test_seeds_read_as_a_count_a_range_with_both_ends_or_a_list():
+    assert sweep.parse_seeds("3") == [0, 1, 2]
+    assert sweep.parse_seeds("100-109") == list(range(100, 110))  # a confirmation's ten seeds
+    assert sweep.parse_seeds("5-5") == [5] and sweep.parse_seeds("7,3") == [7, 3]
+
+
+def test_shards_deal_the_costliest_runs_first():
+    """Costs 1, 1, 1, 1, 4 on two machines: 4 and 1+1+1+1 finish together. Dealt in cost order
+    from the cheapest, the 4 came last onto a shard already holding 2: 6 against 2."""
+    runs = [sweep.Run(f"r{i}", {}, c) for i, c in enumerate((1.0, 1.0, 1.0, 1.0, 4.0))]
+    loads = sorted(sum(r.cost for r in sweep.shard(runs, k, 2)) for k in (1, 2))
+    assert loads == [4.0, 4.0]
+
+
+def test_a_set_value_wins_over_the_budget_and_over_a_key_every_cell_has_alike():
+    """plan(): `extra` (-S) wins over the grid and the budget: -S train.epochs=2 at --budget proxy
+    trains 2 epochs, and -S data.imbalance_ratio=0.1 on fidelity (every cell at 0.01) runs at 0.1."""
+    (run,) = _plan("fidelity", extra={"train.epochs": 2, "data.imbalance_ratio": 0.1}, only={"row": ["pbr"]},
+                   budget="proxy")
+    assert run.overrides["train.epochs"] == 2 and run.overrides["data.imbalance_ratio"] == 0.1
+    assert run.overrides["model.width"] == 8  # the budget's other keys stay
+
+
+def test_a_bound_the_families_grid_runs_is_table2s_run():
+    """SGD and JOINT have no buffer: the families grid's are table 2's runs on CIFAR-10 (at IR 0.01
+    and 1), one experiment each, not a second training named for a buffer they do not have."""
+    fam = {r.name for r in _plan("families")}
+    t2 = {r.name for r in _plan("table2", only={"data.dataset": "cifar10"})}
+    assert {"c10-sgd-ord-ir0.01-s0", "c10-sgd-ord-ir1-s0", "c10-joint-ord-ir0.01-s0", "c10-joint-ord-ir1-s0"} <= fam & t2
