@@ -726,13 +726,9 @@ def test_sigterm_stops_a_stage_as_ctrl_c_does_and_its_run_says_killed(tmp_path, 
     assert run.info.status == "KILLED"
 
 
-@pytest.mark.parametrize("same_code", [True, False])
-def test_a_killed_trainings_run_is_joined_only_by_the_same_training(tmp_path, trained, records_to_files, monkeypatch,
-                                                                      same_code):
-    """Interrupted after two tasks, then run again: with the same code the next try resumes in the
-    same run and logs the other three tasks once; after an uncommitted edit of the training code
-    (same commit, same params: the same execution's key) training starts over, and its records go
-    to a run of their own, the interrupted one left as it was (they were mixed in one run)."""
+def _train_killed_at(tmp_path, trained, monkeypatch, stop):
+    """The train stage of an untrained copy in-process under its MLflow run, interrupted where
+    `stop(point)`, then ready to run again (the returned call, faults off)."""
     from stages.pipeline import train
     from stages.runtime import faults, tracking
     from stages.runtime.config import load_config
@@ -743,18 +739,31 @@ def test_a_killed_trainings_run_is_joined_only_by_the_same_training(tmp_path, tr
     monkeypatch.setenv("PBR_GIT_COMMIT", "c" * 40)
     cfg = load_config(repo / "params.yaml")
 
-    def stop_after_task1(point):
-        if point == "train:after_task1":
-            raise KeyboardInterrupt
-
     def train_once():
         with tracking.stage_run("train", cfg.flat(), repo / "params.yaml") as run:
             train.run(cfg, log=lambda *_: None, tracker=run)
 
-    monkeypatch.setattr(faults, "point", stop_after_task1)
+    def point(name):
+        if stop(name):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(faults, "point", point)
     with pytest.raises(KeyboardInterrupt):
         train_once()
-    monkeypatch.setattr(faults, "point", lambda point: None)
+    monkeypatch.setattr(faults, "point", lambda name: None)
+    return train_once
+
+
+@pytest.mark.parametrize("same_code", [True, False])
+def test_a_killed_trainings_run_is_joined_only_by_the_same_training(tmp_path, trained, records_to_files, monkeypatch,
+                                                                      same_code):
+    """Interrupted after two tasks, then run again: with the same code the next try resumes in the
+    same run and logs the other three tasks once; after an uncommitted edit of the training code
+    (same commit, same params: the same execution's key) training starts over, and its records go
+    to a run of their own, the interrupted one left as it was (they were mixed in one run)."""
+    from stages.pipeline import train
+
+    train_once = _train_killed_at(tmp_path, trained, monkeypatch, lambda point: point == "train:after_task1")
     if not same_code:
         monkeypatch.setattr(train, "code_hash", lambda: "edited since")
     train_once()
@@ -775,29 +784,9 @@ def test_a_try_killed_before_its_first_task_and_resolved_otherwise_is_not_joined
     again resolving another lr (an uncommitted edit of a method's best): the new try went on in
     that run, and MLflow keeps a param's first value, so the run held one try's resolved.lr param
     and the other's tag. It goes on in a run of its own; the killed one stays as it was."""
-    from stages.pipeline import train
-    from stages.runtime import faults, tracking
-    from stages.runtime.config import load_config
     from stages.runtime.run_settings import RunSettings
 
-    repo = _copy_trained(trained, tmp_path / "repo")
-    shutil.rmtree(repo / "artifacts/train")
-    monkeypatch.chdir(repo)
-    monkeypatch.setenv("PBR_GIT_COMMIT", "c" * 40)
-    cfg = load_config(repo / "params.yaml")
-
-    def stop_in_task0(point):
-        if point.startswith("train:task0:"):
-            raise KeyboardInterrupt
-
-    def train_once():
-        with tracking.stage_run("train", cfg.flat(), repo / "params.yaml") as run:
-            train.run(cfg, log=lambda *_: None, tracker=run)
-
-    monkeypatch.setattr(faults, "point", stop_in_task0)
-    with pytest.raises(KeyboardInterrupt):
-        train_once()
-    monkeypatch.setattr(faults, "point", lambda point: None)
+    train_once = _train_killed_at(tmp_path, trained, monkeypatch, lambda point: point.startswith("train:task0:"))
     first = RunSettings.resolve.__func__
     monkeypatch.setattr(RunSettings, "resolve", classmethod(
         lambda cls, c, d: (lambda s: cls({**s.values, "lr": s.values["lr"] * 2}, s.sources))(first(cls, c, d))))
