@@ -259,7 +259,7 @@ def test_a_killed_pbr_ui_takes_its_server_with_it(tmp_path):
         subprocess.run(["pkill", "-f", f"mlflow ui .*--port {port}"], check=False)
 
 
-def test_a_store_that_cannot_grow_is_one_line_and_the_stage_reruns(tmp_path, finished):
+def test_a_store_that_cannot_grow_is_one_line_and_the_stage_reruns(tmp_path, finished, pbr_main):
     """A full disk under the MLflow store: sqlite's error came as MLflow's logged traceback and then
     400-600 lines of the CLI's, where a full disk under the outputs was one line. Here the store's
     file may not grow (RLIMIT_FSIZE at its size: sqlite's write fails as on a full disk)."""
@@ -278,12 +278,12 @@ def test_a_store_that_cannot_grow_is_one_line_and_the_stage_reruns(tmp_path, fin
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
     assert lines[0].startswith("error: the MLflow store (") and "could not be written" in lines[0], lines
-    # Space again: the same command finishes.
-    r = subprocess.run([str(BIN / "pbr"), "evaluate"], cwd=repo, env=env(), capture_output=True, text=True, timeout=600)
+    # Space again: the same command finishes (in this process: the same main()).
+    r = pbr_main("evaluate", cwd=repo)
     assert r.returncode == 0, r.stderr[-2000:]
 
 
-def test_the_restore_a_damaged_file_names_works_as_printed(tmp_path, finished):
+def test_the_restore_a_damaged_file_names_works_as_printed(tmp_path, finished, pbr_main):
     """The one line of a damaged task file names a command: run as printed, it restores the file
     (a plain `dvc checkout artifacts/train` refused: "Can't remove the following unsaved files")."""
     import re
@@ -292,7 +292,7 @@ def test_the_restore_a_damaged_file_names_works_as_printed(tmp_path, finished):
     state = sorted((repo / "artifacts/train").glob("task_*/state.pt"))[-1]
     whole = state.read_bytes()
     state.write_bytes(whole[:100])
-    r = subprocess.run([str(BIN / "pbr"), "train"], cwd=repo, env=env(), capture_output=True, text=True, timeout=600)
+    r = pbr_main("train", cwd=repo)  # in this process (the same main()); the restore, a shell's
     assert r.returncode == 2 and str(state.relative_to(repo)) in r.stderr, r.stderr[-2000:]
     command = re.search(r"restore it with `([^`]+)`", r.stderr).group(1)
     done = subprocess.run(command, shell=True, cwd=repo, env=env(), capture_output=True, text=True, timeout=600)

@@ -127,21 +127,21 @@ def test_a_joined_run_holding_a_param_keeps_it(tmp_path):
     assert client.get_run(run_id).data.params == {"resolved.lr": "0.1", "resolved.head": "cosine"}
 
 
-def test_evaluate_sigkilled_after_its_metrics_logs_each_once_in_mlflow(tmp_path, trained):
-    """The same through a real SIGKILL (PBR_KILL_AT) of `pbr evaluate`, recording to MLflow's sqlite store."""
+def test_evaluate_sigkilled_after_its_metrics_logs_each_once_in_mlflow(tmp_path, trained, pbr_main):
+    """The same through a real SIGKILL (PBR_KILL_AT) of `pbr evaluate`, recording to MLflow's sqlite store.
+    The uninterrupted run and the try after the kill run in this process (the same main())."""
     from mlflow import MlflowClient
 
     repo = _copy_trained(trained, tmp_path / "repo")
     uri = f"sqlite:///{repo / 'mlflow.db'}"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PBR_GIT_COMMIT": "c" * 40, "PYTHONPATH": str(ROOT)}
+    env = {"MLFLOW_TRACKING_URI": uri, "PBR_GIT_COMMIT": "c" * 40}
 
-    def evaluate(**more):
-        return subprocess.run([sys.executable, "-m", "stages.cli", "evaluate"], cwd=repo, capture_output=True,
-                              text=True, env={**env, **more}, timeout=300)
-
-    assert evaluate().returncode == 0
-    assert evaluate(PBR_KILL_AT="evaluate:logged").returncode == -9
-    r = evaluate()
+    assert pbr_main("evaluate", cwd=repo, env=env).returncode == 0
+    killed = subprocess.run([sys.executable, "-m", "stages.cli", "evaluate"], cwd=repo, capture_output=True, text=True,
+                            env={**os.environ, **env, "PYTHONPATH": str(ROOT), "PBR_KILL_AT": "evaluate:logged"},
+                            timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    r = pbr_main("evaluate", cwd=repo, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("pbr")
