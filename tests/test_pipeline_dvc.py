@@ -138,6 +138,10 @@ def test_a_runs_name_says_its_settings(tmp_path, monkeypatch, records_to_files):
             pass
     assert sorted(r.info.run_name for r in records_to_files.search_runs(["pbr"])) == [
         "c10-pbr-b200-ord-ir0.01-s1", "fid-pbr-s1-proxy", "pbr-cifar10-b200-s1", "pbr-cifar10-b200-s1 (peppy-dado)"]
+    # params.yaml's buffer size is no part of a method that keeps none; a method this checkout does not
+    # know (another checkout's, an imported run's) keeps it.
+    assert tracking.run_name({**flat, "method.name": "sgd"}, "peppy-dado") == "sgd-cifar10-s1 (peppy-dado)"
+    assert tracking.run_name({**flat, "method.name": "mine"}, "") == "mine-cifar10-b200-s1"
 
 
 def test_a_command_in_a_subfolder_reads_the_repositorys_store(tmp_path, monkeypatch):

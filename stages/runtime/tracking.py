@@ -604,10 +604,15 @@ STAGES = ("prepare", "train", "score", "evaluate")  # dvc.yaml's order
 def run_name(flat_params: dict[str, Any], exp_name: str) -> str:
     """A run's name in MLflow's list: its method, dataset, buffer size and seed, then DVC's experiment
     name in parentheses (`dvc exp run` without -n names it like peppy-dado, which says none of them).
-    A name that holds the method and the seed already (pbr sweep's c10-pbr-b200-ord-ir0.01-s0) alone."""
+    A name that holds the method and the seed already (pbr sweep's c10-pbr-b200-ord-ir0.01-s0) alone.
+    No buffer size for a method that keeps no buffer (sgd-cifar10-s0: params.yaml's 200 is not its)."""
     method, seed, buffer = (flat_params.get(k) for k in ("method.name", "seed", "method.buffer_size"))
     if exp_name and {str(method), f"s{seed}"} <= set(exp_name.split("-")):
         return exp_name
+    from pbr.methods import METHODS
+
+    if method in METHODS and not METHODS[method].uses_buffer:
+        buffer = None
     parts = [str(v) for v in (method, flat_params.get("data.dataset")) if v is not None]
     parts += ([f"b{buffer}"] if buffer is not None else []) + ([f"s{seed}"] if seed is not None else [])
     name = "-".join(parts) or "pbr"
