@@ -10,8 +10,9 @@
 #   export MLFLOW_TRACKING_USERNAME=alice MLFLOW_TRACKING_PASSWORD=...   # or from a file: docs/team.md
 #   GRID=table2 SEEDS=5 sbatch --array=1-3 examples/slurm_sweep.sh
 # One task submitted again alone needs the array's size: SHARDS=3 sbatch --array=2 examples/slurm_sweep.sh
-# A re-queued array task runs its shard again: finished runs are not lost, the report counts a
-# repeated run once, and its experiments replace their earlier copies on the git remote.
+# A re-queued array task runs its shard again in its clone: the runs that finished there are not
+# run again, the others start again; a run repeated elsewhere counts once in the report (the newest),
+# and the experiments replace their earlier copies on the git remote.
 #SBATCH --job-name=pbr-sweep
 #SBATCH --gres=gpu:1
 #SBATCH --cpus-per-task=16

@@ -77,6 +77,9 @@ def pbr_main(monkeypatch, capfd):
 
     def run(*args, cwd, env=None):
         monkeypatch.chdir(cwd)
+        # run_command() sets it for its own process when unset: left unset here, so that the command sets
+        # it as it does in its process, and goes with the test.
+        monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
         for k, v in (env or {}).items():
             monkeypatch.setenv(k, v)
         monkeypatch.setattr(sys, "argv", ["pbr", *args])

@@ -83,8 +83,8 @@ def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, m
         run(["git", "push", "-q", "origin", "main"], a)
         # Each machine runs its array task of examples/slurm_sweep.sh, as SLURM would start it: alice's
         # and bob's at once; bob then submits his task 2 again, alone (`SHARDS=2 sbatch --array=2`: SLURM
-        # counts an array of one, SHARDS gives the grid's split), as after a time limit: its finished run
-        # is not run again, and is pushed again.
+        # counts an array of one, SHARDS gives the grid's split), a task that had in fact finished: its
+        # run is not run again, and is pushed again.
         names = {}
 
         def start(machine, user, k, alone=False):
@@ -131,6 +131,9 @@ def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, m
         assert rep.returncode == 0, rep.stderr
         # DER++ and PBR, one seed each (two columns a row).
         assert rep.stdout.count("(n=1)") == 4 and "(n=2)" not in rep.stdout, rep.stdout
+        # MLflow prints "View run ... at URL" for each run ended on a server (the report's own run):
+        # the table's output is the table.
+        assert "View run" not in rep.stdout + rep.stderr, rep.stdout
         from mlflow import MlflowClient
 
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
@@ -138,6 +141,12 @@ def test_two_machines_share_a_grid_through_one_server_and_one_remote(tmp_path, m
         exp_id = MlflowClient(uri).get_experiment_by_name("pbr").experiment_id
         runs = MlflowClient(uri).search_runs([exp_id])
         assert len(runs) == 2 and {x.data.tags["dvc.exp_name"] for x in runs} == listed
+        # Two machines' runs differ in the method's keys only: nothing of a machine's own (a path, a host)
+        # is a param, which would make a seed run again on another machine a setting of its own in a
+        # report cell, not a repeat (report.py's IGNORED_PARAMS; resolved.* are the method's too).
+        pa, pb = (x.data.params for x in runs)
+        differ = {k for k in set(pa) | set(pb) if pa.get(k) != pb.get(k)}
+        assert differ and not {k for k in differ if not k.startswith(("method.", "resolved."))}, differ
         # The team server's page of the training runs (test_mlflow_ui opens such a link in a browser).
         link = carols("bob", "ui")
         assert link.returncode == 0 and link.stdout.strip() == (
