@@ -478,7 +478,7 @@ def test_bench_routes_reads_its_lists_of_counts_before_it_measures(tmp_path):
     # A bf16 call --merge-ing an fp32 call's file: its runs replaced the other's and took its label.
     (["--set", "train.channels_last=true", "--width", "64", "--epochs", "50", "--merge", "fp32.json"],
      "--merge fp32.json: its runs had --set []")])
-def test_bench_runs_gpu_says_a_bad_input_in_one_line_and_makes_no_folder(tmp_path, args, said, monkeypatch, capsys):
+def test_bench_runs_gpu_says_a_bad_input_in_one_line_and_makes_no_folder(tmp_path, args, said, monkeypatch):
     """The first through a real process (its exit status and stderr); the others through main() in this
     process (a process costs about 4 CPU s of imports on CI's two cores, for the same lines)."""
     import shutil
